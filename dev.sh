@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The one entry point for a checkout: sets up .venv on first use (and again only when
+# pyproject.toml changes), then runs what was asked.
+#   bash dev.sh demo [ARGS]     the main job: `swarm demo` on the embedded default
+#   bash dev.sh test [ARGS]     the test suite (pytest)
+#   bash dev.sh bench [ARGS]    the benchmarks; figures go to benchmarks/results/
+#   bash dev.sh swarm ARGS      any `swarm` command
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=.venv
+PYTHON_BIN=${PYTHON:-python3}
+STAMP=$VENV/.setup-stamp
+WANT=$(cat pyproject.toml dev.sh | sha256sum | cut -c1-16)
+
+setup() {
+    if [[ -f $STAMP && "$(cat "$STAMP")" == "$WANT" ]]; then
+        return
+    fi
+    echo "dev.sh: setting up $VENV (only on first use or after pyproject.toml changes)" >&2
+    [[ -x $VENV/bin/python ]] || "$PYTHON_BIN" -m venv "$VENV"
+    # Without CUDA, take the CPU build of torch first so that nothing pulls the multi-gigabyte
+    # CUDA wheels; the project's own range (torch>=2.4) is then already satisfied.
+    if ! command -v nvidia-smi >/dev/null 2>&1; then
+        "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+    fi
+    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    echo "$WANT" >"$STAMP"
+}
+
+cmd=${1:-demo}
+shift || true
+setup
+export PATH="$PWD/$VENV/bin:$PATH"
+case "$cmd" in
+    demo) exec swarm demo "$@" ;;
+    test)
+        # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+        set +e
+        python -m pytest "$@"
+        rc=$?
+        [[ $rc -eq 5 ]] && echo "dev.sh: no tests were collected" >&2 && exit 1
+        exit $rc
+        ;;
+    bench) exec python -m benchmarks "$@" ;;
+    swarm) exec swarm "$@" ;;
+    setup) ;;
+    *) echo "dev.sh: unknown command '$cmd' (use demo, test, bench, swarm or setup)" >&2; exit 2 ;;
+esac

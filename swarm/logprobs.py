@@ -1,0 +1,70 @@
+"""Per-token log-probs of chosen tokens, the one computation samplers and learners must agree on.
+
+A sampler records log q(y_t) under the distribution it actually sampled from: logits divided by the
+temperature, then top-k and top-p filtering, renormalised. A learner recomputes log p(y_t) with the
+same processing, so that with equal weights the two agree to float precision (tests: <= 1e-4 in
+fp32) and the importance ratio p/q is exactly 1 on fresh data.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def process_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """(..., V) raw logits -> processed logits of the sampling distribution (filtered entries -inf).
+
+    Same order as transformers' generation (temperature, then top-k, then top-p), so that a
+    distribution recorded from `generate`'s processed scores matches this one."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        remove_sorted = cum <= (1 - top_p)
+        remove_sorted[..., -1:] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        logits = logits.masked_fill(remove, float("-inf"))
+    return logits
+
+
+def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """logits (B, T, V), tokens (B, T) -> log-prob of each token under the processed distribution (B, T).
+
+    Uses logsumexp rather than a full log_softmax tensor: (B, T, V) floats are the biggest
+    allocation of a learner step, and this keeps one of them instead of two."""
+    processed = process_logits(logits, temperature, top_k, top_p)
+    chosen = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(processed, dim=-1)
+
+
+def completion_logprobs(
+    model,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Tensor:
+    """Learner side: log-probs (B, Tc) of completion tokens given left-padded prompts.
+
+    prompt_ids / prompt_mask: (B, Tp), left-padded (as samplers generate).
+    completion_ids / completion_mask: (B, Tc), right-padded.
+    Position ids follow the attention mask, as in generation, so padding never shifts positions.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention = torch.cat([prompt_mask, completion_mask], dim=1).long()
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
+    tp = prompt_ids.size(1)
+    # logits at position j predict token j + 1: completion token t is predicted at tp + t - 1.
+    logits = out.logits[:, tp - 1 : -1, :]
+    return gather_logprobs(logits, completion_ids, temperature, top_k, top_p)

@@ -1,0 +1,24 @@
+"""Sampler-learner KL: the k3 penalty the GEPO paper's heterogeneous runs add to the loss, and the
+KL(sampler || learner) diagnostic every loss reports."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from swarm.losses.base import MAX_LOG_RATIO, normalise_token_mean
+
+
+def k3_penalty(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Token-mean of exp(s - l) - (s - l) - 1 (Schulman's k3 estimator, >= 0), with gradient through
+    the learner log-probs l. Added to the loss with coefficient `kl_coef` (paper: 0.005)."""
+    d = (sampler_logprobs - learner_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return normalise_token_mean(torch.exp(d) - d - 1.0, mask)
+
+
+@torch.no_grad()
+def kl_sampler_learner(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token KL(q || p) estimated on tokens drawn from the sampler q: E_q[r - 1 - log r] with
+    r = p / q is unbiased and never negative (k3 with the ratio the right way round)."""
+    log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return normalise_token_mean(torch.exp(log_r) - 1.0 - log_r, mask)

@@ -1,0 +1,114 @@
+"""The loss registry: one name -> one pure function, one dispatch point (`compute_loss`).
+
+Each loss is registered with its own defaults (clip range, which advantage normalisation its paper
+uses), so callers pick a loss by name and get that paper's setting unless they override it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from swarm.losses.base import LossInputs, LossOutputs, SeqLogprobMode
+from swarm.losses.kl import k3_penalty, kl_sampler_learner
+
+AdvantageMode = Literal["std", "no_std", "beta"]
+WeightLevel = Literal["token", "sequence", "group"]
+
+
+class LossConfig(BaseModel):
+    """Which policy loss to use and its knobs. Unset clip bounds take the loss's own defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("gepo", description="registered loss name; see `swarm.losses.LOSSES`")
+    eps_low: float | None = Field(None, ge=0, description="lower clip: ratio >= 1 - eps_low (loss default if unset)")
+    eps_high: float | None = Field(None, ge=0, description="upper clip: ratio <= 1 + eps_high (loss default if unset)")
+    seq_logprob_mode: SeqLogprobMode = Field(
+        "mean", description="sequence log-prob: 'mean' over tokens (GEPO reference) or 'sum'"
+    )
+    kl_coef: float = Field(
+        0.005, ge=0, description="sampler-learner k3 KL penalty coefficient (0.005 in the GEPO paper's heterogeneous runs)"
+    )
+    gepo_expectation: Literal["group", "batch"] = Field(
+        "group",
+        description="GEPO's E_q[q] over each prompt group (the paper) or over the whole micro-batch "
+        "(what the reference code does; kept only for comparison)",
+    )
+    max_completion_length: int | None = Field(
+        None, gt=0, description="Dr.GRPO's constant normaliser length (the padded width T if unset)"
+    )
+
+    @model_validator(mode="after")
+    def _known_loss(self) -> "LossConfig":
+        if self.name not in LOSSES:
+            raise ValueError(f"unknown loss {self.name!r}; choose one of: {', '.join(sorted(LOSSES))}")
+        return self
+
+    def clip_range(self) -> tuple[float, float]:
+        spec = LOSSES[self.name]
+        low = spec.eps_low if self.eps_low is None else self.eps_low
+        high = spec.eps_high if self.eps_high is None else self.eps_high
+        return low, high
+
+
+LossFn = Callable[[LossInputs, LossConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    fn: LossFn
+    eps_low: float
+    eps_high: float
+    advantage_mode: AdvantageMode  # the advantage normalisation the loss's paper uses
+    level: WeightLevel  # where its importance weight lives
+    summary: str
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(
+    name: str, *, eps_low: float, eps_high: float, advantage_mode: AdvantageMode, level: WeightLevel, summary: str
+) -> Callable[[LossFn], LossFn]:
+    def decorate(fn: LossFn) -> LossFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is registered twice")
+        LOSSES[name] = LossSpec(fn, eps_low, eps_high, advantage_mode, level, summary)
+        return fn
+
+    return decorate
+
+
+def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOutputs:
+    """The one dispatch point: policy loss + k3 KL penalty, with metrics.
+
+    Metrics (all detached scalars): `loss`, `policy_loss`, `is_weight_mean` / `is_weight_var` (at the
+    loss's own level: token, sequence or group), `clip_frac`, `kl_sampler_learner`, `kl_penalty`.
+    """
+    config = config or LossConfig()
+    inputs.validate()
+    # Upcast once: losses run in float32 whatever the log-prob dtype (bf16 loses ~3 digits and
+    # would make exp() of a log-ratio visibly wrong). The cast keeps the autograd link.
+    mask = inputs.mask.to(torch.float32)
+    cast = LossInputs(
+        learner_logprobs=inputs.learner_logprobs.float(),
+        sampler_logprobs=inputs.sampler_logprobs.detach().float(),
+        mask=mask,
+        advantages=inputs.advantages.detach().float(),
+        group_ids=inputs.group_ids,
+    )
+    policy_loss, metrics = LOSSES[config.name].fn(cast, config)
+    kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask)
+    loss = policy_loss + config.kl_coef * kl_pen if config.kl_coef > 0 else policy_loss
+    metrics = {k: v.detach() for k, v in metrics.items()}
+    metrics.update(
+        loss=loss.detach(),
+        policy_loss=policy_loss.detach(),
+        kl_penalty=kl_pen.detach(),
+        kl_sampler_learner=kl_sampler_learner(cast.learner_logprobs, cast.sampler_logprobs, mask),
+    )
+    return LossOutputs(loss=loss, metrics=metrics)
