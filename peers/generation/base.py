@@ -1,0 +1,67 @@
+"""The interface every generation backend implements, and its data types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """How completions are sampled. Log-probs are recorded under exactly this distribution."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_completions: int = Field(8, ge=1, description="G: completions per prompt (the GEPO group size)")
+    temperature: float = Field(1.0, ge=0, description="0 means greedy decoding")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(32, ge=1)
+    seed: int | None = Field(None, description="seed for reproducible sampling (None: not reseeded)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """One prompt and its G completions. Completion token lists end with EOS when `finished`."""
+
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    completion_logprobs: list[list[float]]  # per token, under the sampling distribution
+    texts: list[str]  # decoded completions, special tokens removed
+    finished: list[bool] = field(default_factory=list)  # ended with EOS (False: hit max_new_tokens)
+
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+class GenerationBackend(Protocol):
+    name: str
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:
+        """G completions for each prompt, in prompt order."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, "object"]) -> None:
+        """Replace the policy weights in place (a new policy version)."""
+        ...
+
+
+BACKENDS = ("transformers", "vllm")
+
+
+def make_backend(name: str, model_dir: str, **kwargs) -> GenerationBackend:
+    """Create the named backend for a model directory (vLLM is imported only if chosen)."""
+    if name == "transformers":
+        from peers.generation.transformers_backend import TransformersBackend
+
+        return TransformersBackend.from_pretrained(model_dir, **kwargs)
+    if name == "vllm":
+        from peers.generation.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model_dir, **kwargs)
+    raise ValueError(f"unknown generation backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -1,0 +1,103 @@
+"""Evaluate a policy on a task: pass@1 averaged over k samples per prompt, and greedy accuracy."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from swarm.tasks.base import Problem
+
+
+@dataclass
+class EvalResult:
+    model: str
+    task: str
+    split: str
+    num_problems: int
+    samples_per_problem: int
+    temperature: float
+    pass_at_1: float  # mean over problems of (correct samples / k)
+    greedy_accuracy: float | None  # temperature-0 accuracy (None when not measured)
+    unscorable: int  # completions whose reward could not be computed
+    completion_tokens: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def score_problems(backend, scorer, problems: Sequence[Problem], params, *, progress=None, job=None, chunk: int = 32):
+    """Generate for each problem and score: returns (per-problem correct fractions, unscorable, tokens)."""
+    fractions: list[float] = []
+    unscorable = tokens = 0
+    for start in range(0, len(problems), chunk):
+        part = problems[start : start + chunk]
+        gens = backend.generate([p.prompt for p in part], params)
+        for problem, gen in zip(part, gens):
+            rewards = scorer.score(gen.texts, [problem.answer] * len(gen.texts))
+            unscorable += sum(r is None for r in rewards)
+            fractions.append(sum(1.0 for r in rewards if r is not None and r > 0.5) / len(rewards))
+            tokens += gen.num_tokens()
+        if progress is not None:
+            progress.advance(job, len(part))
+    return fractions, unscorable, tokens
+
+
+def evaluate(
+    model: str | None,
+    task_name: str = "arithmetic",
+    *,
+    split: str = "test",
+    limit: int | None = 200,
+    samples: int = 4,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    greedy: bool = True,
+    backend_name: str = "transformers",
+    device: str = "cpu",
+    seed: int = 0,
+    show_progress: bool = True,
+    task_options: dict | None = None,
+) -> EvalResult:
+    from rich.progress import Progress
+
+    from peers.generation import SamplingParams, make_backend
+    from swarm.model.loading import resolve_model_dir
+    from swarm.rewards import RewardScorer
+    from swarm.tasks import load_task
+
+    model_dir = resolve_model_dir(model, progress=show_progress)
+    backend = make_backend(backend_name, model_dir, device=device) if backend_name == "transformers" else make_backend(backend_name, model_dir)
+    task = load_task(task_name, tokenizer=getattr(backend, "tokenizer", None), **(task_options or {}))
+    problems = list(task.problems(split))[: limit or None]
+    if not problems:
+        raise ValueError(f"task {task_name!r} has no problems in split {split!r}")
+    scorer = RewardScorer([("accuracy", 1.0)])
+    started = time.time()
+    sampled = SamplingParams(num_completions=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    with Progress(disable=not show_progress, transient=True) as bar:
+        job = bar.add_task(f"sampling {samples} per problem", total=len(problems))
+        fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=bar, job=job)
+        greedy_acc = None
+        if greedy:
+            job = bar.add_task("greedy decoding", total=len(problems))
+            params = SamplingParams(num_completions=1, temperature=0, max_new_tokens=max_new_tokens)
+            g_fracs, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=bar, job=job)
+            greedy_acc = sum(g_fracs) / len(g_fracs)
+            unscorable += g_unscorable
+            tokens += g_tokens
+    scorer.close()
+    return EvalResult(
+        model=model or "embedded",
+        task=task_name,
+        split=split,
+        num_problems=len(problems),
+        samples_per_problem=samples,
+        temperature=temperature,
+        pass_at_1=sum(fractions) / len(fractions),
+        greedy_accuracy=greedy_acc,
+        unscorable=unscorable,
+        completion_tokens=tokens,
+        seconds=round(time.time() - started, 2),
+    )

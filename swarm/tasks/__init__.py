@@ -1,0 +1,30 @@
+"""Tasks: what prompts samplers answer and what the gold answers are.
+
+- base.py       - Problem, the Task protocol, prompt building, deterministic sharding per sampler.
+- synthetic.py  - the built-in arithmetic task (no download; gold answers checked by math-verify).
+- dataset.py    - any Hugging Face dataset id or local jsonl / json / parquet / csv file.
+"""
+
+from __future__ import annotations
+
+from swarm.tasks.base import Problem, Task, build_prompt, shard_for_sampler
+
+BUILTIN_TASKS = ("arithmetic",)
+
+
+def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, **dataset_options) -> Task:
+    """"arithmetic" (the built-in task), or a dataset id / local file for `DatasetTask`."""
+    from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, _looks_local
+    from swarm.tasks.synthetic import ArithmeticTask
+
+    if name_or_path == "arithmetic":
+        return ArithmeticTask(difficulty=difficulty)
+    if _looks_local(name_or_path) or "/" in name_or_path:
+        return DatasetTask(name_or_path, tokenizer=tokenizer, **dataset_options)
+    raise ValueError(
+        f"unknown task {name_or_path!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), a local "
+        f"{'/'.join(LOCAL_FORMATS)} file, or a dataset id like 'owner/name'"
+    )
+
+
+__all__ = ["BUILTIN_TASKS", "Problem", "Task", "build_prompt", "load_task", "shard_for_sampler"]

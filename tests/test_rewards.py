@@ -1,0 +1,93 @@
+"""Rewards: math-verify equivalences, unscorable outputs, registry and dotted paths, threads."""
+
+import threading
+import time
+
+import pytest
+
+from swarm.rewards import RewardScorer, accuracy_reward, format_reward, resolve_reward
+
+
+@pytest.mark.parametrize(
+    "completion, answer",
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{0.5}", "\\frac{1}{2}"),
+        ("\\boxed{\\dfrac12}", "1/2"),
+        ("so the result is \\boxed{68}", "68"),
+        ("\\boxed{-17}", "-17"),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}"),
+        ("\\boxed{50\\%}", "0.5"),
+    ],
+)
+def test_equivalent_forms_are_correct(completion, answer):
+    assert accuracy_reward(completion, answer) == 1.0
+
+
+@pytest.mark.parametrize(
+    "completion, answer",
+    [("\\boxed{69}", "68"), ("\\boxed{0.49}", "\\frac{1}{2}"), ("68", "68"), ("", "3"), ("\\boxed{", "3")],
+)
+def test_wrong_or_unanchored_answers_score_zero(completion, answer):
+    # "68" without \boxed is not an answer: the task asks for \boxed{}
+    assert accuracy_reward(completion, answer) == 0.0
+
+
+def test_unparseable_gold_is_missing_not_zero():
+    assert accuracy_reward("\\boxed{3}", "") is None
+
+
+def test_format_reward():
+    assert format_reward("\\boxed{12}", "12") == 1.0
+    assert format_reward("  \\boxed{\\frac{1}{2}}\n", "x") == 1.0
+    assert format_reward("\\boxed{1}\\boxed{2}", "x") == 0.0
+    assert format_reward("\\boxed{12} and more", "12") == 0.0
+
+
+def slow_reward(completion, answer):
+    time.sleep(5)
+    return 1.0
+
+
+def broken_reward(completion, answer):
+    raise RuntimeError("boom")
+
+
+def test_weighted_sum_of_rewards():
+    scorer = RewardScorer([("accuracy", 1.0), ("format", 0.25)])
+    assert scorer.score(["\\boxed{4}", "\\boxed{5}", "4"], ["4", "4", "4"]) == [1.25, 0.25, 0.0]
+
+
+def test_slow_and_broken_rewards_give_missing_not_crash():
+    scorer = RewardScorer([(f"{__name__}:slow_reward", 1.0)], timeout_s=0.3)
+    started = time.time()
+    assert scorer.score(["a", "b"], ["1", "1"]) == [None, None]
+    assert time.time() - started < 3
+    assert RewardScorer([(f"{__name__}.broken_reward", 1.0)]).score(["a"], ["1"]) == [None]
+
+
+def test_scoring_off_the_main_thread_is_bounded_and_correct():
+    scorer = RewardScorer([("accuracy", 1.0)])
+    slow = RewardScorer([(f"{__name__}:slow_reward", 1.0)], timeout_s=0.5)
+    results = {}
+
+    def work():
+        results["ok"] = scorer.score(["\\boxed{\\frac{2}{4}}", "\\boxed{3}"], ["0.5", "0.5"])
+        results["slow"] = slow.score(["a"], ["1"])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=120)
+    scorer.close()
+    slow.close()
+    assert not thread.is_alive()
+    assert results == {"ok": [1.0, 0.0], "slow": [None]}
+
+
+def test_unknown_and_bad_reward_names_are_named():
+    with pytest.raises(ValueError, match="unknown reward 'acc'.*accuracy"):
+        resolve_reward("acc")
+    with pytest.raises(ValueError, match="cannot import reward 'nope.module:fn'"):
+        RewardScorer([("nope.module:fn", 1.0)])
+    with pytest.raises(ValueError, match="2 completions but 1 answers"):
+        RewardScorer().score(["a", "b"], ["1"])
