@@ -17,3 +17,7 @@ def main() -> None:
 from swarm.commands import register_commands  # noqa: E402  (the commands attach to `main`)
 
 register_commands(main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,13 @@
 """The embedded default policy: a tiny Qwen3-architecture causal LM, warm-started on the built-in
 arithmetic task so that RL has signal from the first step.
 
-Built on first use into the user's cache directory (about half a minute on two CPU cores, with a
-progress bar), then loaded from there with `AutoModelForCausalLM` / `AutoTokenizer` like any other
-model directory. The build is deterministic: the same recipe gives the same weights, and the
-recipe's hash names the directory so a changed recipe never reuses an old build.
+Shipped with the package (`swarm/model/embedded_policy/`, about 3 MB of safetensors) because the
+warm start takes about three minutes on two CPU cores; `python -m swarm.model.embedded` rebuilds
+that directory from RECIPE. The build is deterministic (same recipe, same machine type: same
+weights). If RECIPE changes and the shipped copy was not rebuilt, the policy is built on first use
+into the user's cache directory instead (with a progress bar), under a name that carries the
+recipe's hash, so a stale build is never used. Either way it loads with `AutoModelForCausalLM` /
+`AutoTokenizer` like any other model directory.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "embedded_policy"
+RECIPE_FILE = "gepo_swarm_recipe.json"
 
 RECIPE = {
     "version": 1,
@@ -31,9 +37,21 @@ RECIPE = {
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
     },
-    # The supervised warm start: few enough steps that the policy is right only part of the time
-    # (sampled accuracy between 10% and 60%), which leaves RL something to improve.
-    "warm_start": {"task_difficulty": 2, "steps": 300, "batch_size": 64, "lr": 3e-3, "seed": 0},
+    # The warm start, in two supervised phases on the arithmetic task's train split:
+    # 1. "learn": clean targets, long enough that the policy computes most sums right;
+    # 2. "spread": a short pass in which a fraction of the targets carry a nearby wrong answer
+    #    (gold +- 1..max_offset), which flattens the answer distribution without erasing the
+    #    arithmetic: the most likely answer stays mostly right while a sample at temperature 1
+    #    often is not. That is where RL post-training of real base models starts (better at
+    #    pass@k and greedy than at pass@1), and sharpening it back is signal RL can exploit
+    #    within minutes on a CPU.
+    "warm_start": {
+        "task_difficulty": 2, "batch_size": 64, "seed": 0,
+        "phases": [
+            {"name": "learn", "steps": 1200, "lr": 3e-3, "answer_noise_prob": 0.0, "answer_noise_max_offset": 0},
+            {"name": "spread", "steps": 150, "lr": 1e-3, "answer_noise_prob": 0.6, "answer_noise_max_offset": 3},
+        ],
+    },
 }
 
 
@@ -48,8 +66,18 @@ def cache_root() -> Path:
     return Path(root)
 
 
+def shipped_recipe_hash() -> str | None:
+    try:
+        return json.loads((SHIPPED_DIR / RECIPE_FILE).read_text())["recipe_hash"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def embedded_model_dir(*, progress: bool = True) -> Path:
-    """The embedded policy's directory, building it first if needed (safe across processes)."""
+    """The embedded policy's directory: the shipped copy when it matches RECIPE, else a cached
+    build (made first if needed; safe when several processes ask at once)."""
+    if shipped_recipe_hash() == recipe_hash() and (SHIPPED_DIR / "model.safetensors").exists():
+        return SHIPPED_DIR
     target = cache_root() / "models" / f"tiny-qwen3-{recipe_hash()}"
     if (target / "config.json").exists():
         return target
@@ -89,32 +117,44 @@ def build_embedded_model(out_dir: Path, *, progress: bool = True) -> None:
     model = new_tiny_qwen3(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     problems = ArithmeticTask(ws["task_difficulty"]).problems("train")
     prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
-    targets = [tokenizer(f"\\boxed{{{p.answer}}}")["input_ids"] + [tokenizer.eos_token_id] for p in problems]
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=ws["lr"], weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / ws["steps"])
-    )
+    def target(answer: int) -> list[int]:
+        return tokenizer(f"\\boxed{{{answer}}}")["input_ids"] + [tokenizer.eos_token_id]
+
+    answers = [int(p.answer) for p in problems]
+
     gen = torch.Generator().manual_seed(ws["seed"])
     model.train()
     started = time.time()
+    total = sum(phase["steps"] for phase in ws["phases"])
     with Progress(disable=not progress, transient=True) as bar:
-        job = bar.add_task("building the embedded policy (first use only)", total=ws["steps"])
-        for _ in range(ws["steps"]):
-            idx = torch.randint(len(problems), (ws["batch_size"],), generator=gen).tolist()
-            input_ids, labels = _sft_batch([prompts[i] for i in idx], [targets[i] for i in idx], tokenizer.pad_token_id)
-            loss = model(input_ids=input_ids, attention_mask=(labels != -100) | (input_ids != tokenizer.pad_token_id), labels=labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            bar.advance(job)
+        job = bar.add_task("building the embedded policy", total=total)
+        for phase in ws["phases"]:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=phase["lr"], weight_decay=0.0)
+            steps = phase["steps"]
+            schedule = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lambda s, steps=steps: min(1.0, (s + 1) / 30) * max(0.05, 1 - s / steps)
+            )
+            for _ in range(steps):
+                idx = torch.randint(len(problems), (ws["batch_size"],), generator=gen).tolist()
+                noisy = (torch.rand(len(idx), generator=gen) < phase["answer_noise_prob"]).tolist()
+                offsets = torch.randint(1, max(1, phase["answer_noise_max_offset"]) + 1, (len(idx),), generator=gen)
+                signs = torch.randint(0, 2, (len(idx),), generator=gen) * 2 - 1
+                shifted = [answers[i] + (int(o * sg) if n else 0) for i, n, o, sg in zip(idx, noisy, offsets, signs)]
+                input_ids, labels = _sft_batch([prompts[i] for i in idx], [target(a) for a in shifted], tokenizer.pad_token_id)
+                attention = (labels != -100) | (input_ids != tokenizer.pad_token_id)
+                loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+                bar.advance(job)
     model.eval()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "gepo_swarm_recipe.json").write_text(
+    (out_dir / RECIPE_FILE).write_text(
         json.dumps({"recipe": RECIPE, "recipe_hash": recipe_hash(), "build_seconds": round(time.time() - started, 1)}, indent=2)
     )
 
@@ -131,3 +171,16 @@ def _sft_batch(prompts: list[list[int]], targets: list[list[int]], pad_id: int):
         input_ids[i, : len(p) + len(t)] = torch.tensor(p + t)
         labels[i, len(p) : len(p) + len(t)] = torch.tensor(t)
     return input_ids, labels
+
+
+if __name__ == "__main__":
+    # Rebuild the shipped copy: python -m swarm.model.embedded
+    import torch
+
+    torch.set_num_threads(2)  # the thread count is part of what makes the build reproducible
+    staging = Path(tempfile.mkdtemp(prefix="embedded_policy-"))
+    build_embedded_model(staging, progress=True)
+    shutil.rmtree(SHIPPED_DIR, ignore_errors=True)
+    shutil.copytree(staging, SHIPPED_DIR)
+    shutil.rmtree(staging, ignore_errors=True)
+    print(f"rebuilt {SHIPPED_DIR} (recipe {recipe_hash()})")

@@ -1,0 +1,7 @@
+"""Benchmarks: figures written to benchmarks/results/, measured as ratios against a baseline run in
+the same process. `bash dev.sh bench` (or `python -m benchmarks`) runs them all.
+
+- is_variance.py            - Var(p/q) vs Var(p/E_q[q]) across KL(p||q) (GEPO paper, Theorem 1, Fig. 2).
+- learner_overhead.py       - one GEPO optimizer step vs a plain forward/backward/step.
+- generation_throughput.py  - the generation backend vs raw `model.generate`; rewards scored per second.
+"""

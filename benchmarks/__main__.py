@@ -1,0 +1,37 @@
+"""Run every benchmark (or those named): `python -m benchmarks [name ...]`. Figures are written to
+benchmarks/results/ as JSON and Markdown (plus PNG plots), and a summary is printed."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+BENCHMARKS = ["is_variance", "learner_overhead", "generation_throughput"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
+    args = parser.parse_args(argv)
+    unknown = [n for n in args.names if n not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("GEPO_BENCH_THREADS", min(2, os.cpu_count() or 1))))
+    from benchmarks.common import RESULTS
+
+    for name in args.names or BENCHMARKS:
+        started = time.time()
+        print(f"[bench] {name} ...", flush=True)
+        importlib.import_module(f"benchmarks.{name}").run()
+        print(f"[bench] {name} done in {time.time() - started:.0f}s -> {RESULTS / (name + '.md')}", flush=True)
+        sys.stdout.write((RESULTS / f"{name}.md").read_text().split("\n", 2)[-1] + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""The `swarm` command: fast help without torch, eval end to end, clear errors with exit 1."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+SWARM = [sys.executable, "-m", "swarm.cli"]
+
+
+def run(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([*SWARM, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = (
+        "import sys, time; t = time.time();"
+        "from click.testing import CliRunner; from swarm.cli import main;"
+        "r = CliRunner().invoke(main, ['--help']); assert r.exit_code == 0, r.output;"
+        "assert 'eval' in r.output;"
+        "heavy = [m for m in ('torch', 'transformers', 'hivemind', 'datasets') if m in sys.modules];"
+        "assert not heavy, heavy; print(time.time() - t)"
+    )
+    started = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert time.time() - started < 5  # generous for a loaded CI machine; typically ~0.2 s
+
+
+def test_eval_embedded_default_json():
+    out = run("eval", "--limit", "20", "-k", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["num_problems"] == 20 and result["samples_per_problem"] == 2
+    assert 0.0 <= result["pass_at_1"] <= 1.0 and 0.0 <= result["greedy_accuracy"] <= 1.0
+    assert result["completion_tokens"] > 0
+    # the warm start leaves room for RL: right some of the time, not always
+    assert 0.0 < result["pass_at_1"] < 0.9
+
+
+def test_eval_table_on_a_local_dataset(tmp_path):
+    path = tmp_path / "sums.jsonl"
+    path.write_text("\n".join(json.dumps({"q": f"Compute {i}+1. Answer in \\boxed{{}}.\n", "a": str(i + 1)}) for i in range(30)))
+    out = run("eval", "--task", str(path), "--question-column", "q", "--answer-column", "a", "--split", "train",
+              "--limit", "5", "-k", "1", "--no-greedy")
+    assert out.returncode == 0, out.stderr
+    assert "pass@1" in out.stdout and "sums" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
+        (["eval", "--model", "./missing-model"], "missing-model does not exist"),
+        (["eval", "--task", "gsm8k"], "unknown task 'gsm8k'"),
+        (["eval", "--samples", "0"], "Invalid value for '-k' / '--samples'"),
+        (["eval", "--backend", "tgi"], "Invalid value for '--backend'"),
+    ],
+)
+def test_bad_input_names_itself_and_exits_nonzero(args, message):
+    out = run(*args, timeout=120)
+    assert out.returncode != 0
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr

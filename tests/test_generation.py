@@ -1,0 +1,129 @@
+"""Generation backends: sampler log-probs equal learner recomputation, EOS handling, grouping."""
+
+import pytest
+import torch
+
+from peers.generation import SamplingParams, make_backend
+from peers.generation.transformers_backend import TransformersBackend
+from swarm.logprobs import completion_logprobs
+from swarm.model.loading import load_policy
+from swarm.tasks.synthetic import ArithmeticTask
+
+
+@pytest.fixture(scope="module")
+def backend():
+    model, tokenizer = load_policy("embedded")
+    return TransformersBackend(model, tokenizer, batch_size=8)
+
+
+def pad_batch(gens, tokenizer):
+    """Left-padded prompts and right-padded completions, as a learner assembles them."""
+    prompts = [g.prompt_ids for g in gens for _ in g.completion_ids]
+    completions = [c for g in gens for c in g.completion_ids]
+    sampler_lp = [lp for g in gens for lp in g.completion_logprobs]
+    tp, tc = max(map(len, prompts)), max(map(len, completions))
+    pad = tokenizer.pad_token_id
+    p_ids = torch.tensor([[pad] * (tp - len(p)) + p for p in prompts])
+    p_mask = torch.tensor([[0] * (tp - len(p)) + [1] * len(p) for p in prompts])
+    c_ids = torch.tensor([c + [pad] * (tc - len(c)) for c in completions])
+    c_mask = torch.tensor([[1] * len(c) + [0] * (tc - len(c)) for c in completions])
+    s_lp = torch.tensor([lp + [0.0] * (tc - len(lp)) for lp in sampler_lp])
+    return p_ids, p_mask, c_ids, c_mask, s_lp
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=1.0),
+        dict(temperature=0.7),
+        dict(temperature=1.0, top_k=5),
+        dict(temperature=0.9, top_p=0.8),
+    ],
+    ids=["t1", "t0.7", "topk5", "topp0.8"],
+)
+def test_sampler_logprobs_equal_learner_recompute(backend, params):
+    prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:6]]
+    sp = SamplingParams(num_completions=4, max_new_tokens=16, seed=1, **params)
+    gens = backend.generate(prompts, sp)
+    p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)
+    with torch.no_grad():
+        learner = completion_logprobs(
+            backend.model, p_ids, p_mask, c_ids, c_mask, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
+        )
+    diff = ((learner - s_lp).abs() * c_mask).max().item()
+    assert diff <= 1e-4, diff
+    assert torch.isfinite(learner[c_mask.bool()]).all()
+
+
+def test_groups_eos_and_lengths(backend):
+    problems = ArithmeticTask(2).problems("test")[:5]
+    gens = backend.generate([p.prompt for p in problems], SamplingParams(num_completions=3, max_new_tokens=12, seed=0))
+    eos = backend.tokenizer.eos_token_id
+    assert len(gens) == 5
+    for problem, gen in zip(problems, gens):
+        assert backend.tokenizer.decode(gen.prompt_ids) == problem.prompt
+        assert len(gen.completion_ids) == len(gen.completion_logprobs) == len(gen.texts) == len(gen.finished) == 3
+        for ids, lps, finished, text in zip(gen.completion_ids, gen.completion_logprobs, gen.finished, gen.texts):
+            assert len(ids) == len(lps) <= 12
+            assert eos not in ids[:-1]  # nothing after the first EOS is kept
+            assert finished == (ids[-1] == eos)
+            assert text == backend.tokenizer.decode(ids, skip_special_tokens=True)
+            assert all(lp <= 0 for lp in lps)
+
+
+def test_truncated_completions_are_marked_unfinished(backend):
+    gens = backend.generate(["Compute 1+1. Answer in \\boxed{}.\n"], SamplingParams(num_completions=2, max_new_tokens=3, seed=0))
+    assert all(len(ids) == 3 and not fin for ids, fin in zip(gens[0].completion_ids, gens[0].finished))
+
+
+def test_greedy_is_deterministic_and_seeded_sampling_repeats(backend):
+    prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:4]]
+    greedy = SamplingParams(num_completions=1, temperature=0, max_new_tokens=12)
+    assert [g.texts for g in backend.generate(prompts, greedy)] == [g.texts for g in backend.generate(prompts, greedy)]
+    sampled = SamplingParams(num_completions=4, max_new_tokens=12, seed=5)
+    first = [g.completion_ids for g in backend.generate(prompts, sampled)]
+    assert first == [g.completion_ids for g in backend.generate(prompts, sampled)]
+
+
+def test_weight_update_changes_generation(backend):
+    prompts = ["Compute 2+2. Answer in \\boxed{}.\n"]
+    greedy = SamplingParams(num_completions=1, temperature=0, max_new_tokens=12)
+    before = backend.generate(prompts, greedy)[0].completion_logprobs[0]
+    original = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    perturbed = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in original.items()}
+    backend.load_state_dict(perturbed)
+    after = backend.generate(prompts, greedy)[0].completion_logprobs[0]
+    backend.load_state_dict(original)
+    assert before != after
+    assert backend.generate(prompts, greedy)[0].completion_logprobs[0] == pytest.approx(before, abs=1e-6)
+
+
+def test_unknown_backend_and_missing_model_are_named(tmp_path):
+    with pytest.raises(ValueError, match="unknown generation backend 'tgi'"):
+        make_backend("tgi", "embedded")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        load_policy(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_policy("./no/such/model")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="vLLM needs a CUDA device")
+def test_vllm_logprobs_match_learner_recompute():
+    from swarm.model.loading import resolve_model_dir
+
+    pytest.importorskip("vllm")
+    backend = make_backend("vllm", resolve_model_dir("embedded"), dtype="float32", gpu_memory_utilization=0.3)
+    prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:6]]
+    sp = SamplingParams(num_completions=4, max_new_tokens=16, seed=1)
+    gens = backend.generate(prompts, sp)
+    model, tokenizer = load_policy("embedded", device="cuda")
+    p_ids, p_mask, c_ids, c_mask, s_lp = (t.cuda() for t in pad_batch(gens, tokenizer))
+    with torch.no_grad():
+        learner = completion_logprobs(model, p_ids, p_mask, c_ids, c_mask, temperature=1.0)
+    assert ((learner - s_lp).abs() * c_mask).max().item() <= 1e-3
+    # in-place weight update: perturbed weights change the recorded log-probs
+    state = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    backend.load_state_dict(state)
+    again = backend.generate(prompts[:1], SamplingParams(num_completions=1, temperature=0, max_new_tokens=8))
+    assert again[0].completion_logprobs[0] != gens[0].completion_logprobs[0][: len(again[0].completion_logprobs[0])]
