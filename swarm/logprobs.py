@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# A token outside the top-k / top-p set has probability 0 under the processed distribution. That
+# happens to a stale sampler's token under a newer learner; a floor keeps it finite (an -inf would
+# turn into NaN as soon as it meets a 0 in a mask) while still meaning "essentially impossible".
+MIN_LOGPROB = -1e4
+
 
 def process_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """(..., V) raw logits -> processed logits of the sampling distribution (filtered entries -inf).
@@ -40,7 +45,7 @@ def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, to
     allocation of a learner step, and this keeps one of them instead of two."""
     processed = process_logits(logits, temperature, top_k, top_p)
     chosen = processed.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(processed, dim=-1)
+    return (chosen - torch.logsumexp(processed, dim=-1)).clamp(min=MIN_LOGPROB)
 
 
 def completion_logprobs(
@@ -67,4 +72,5 @@ def completion_logprobs(
     tp = prompt_ids.size(1)
     # logits at position j predict token j + 1: completion token t is predicted at tp + t - 1.
     logits = out.logits[:, tp - 1 : -1, :]
-    return gather_logprobs(logits, completion_ids, temperature, top_k, top_p)
+    logprobs = gather_logprobs(logits, completion_ids, temperature, top_k, top_p)
+    return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob

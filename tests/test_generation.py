@@ -127,3 +127,19 @@ def test_vllm_logprobs_match_learner_recompute():
     backend.load_state_dict(state)
     again = backend.generate(prompts[:1], SamplingParams(num_completions=1, temperature=0, max_new_tokens=8))
     assert again[0].completion_logprobs[0] != gens[0].completion_logprobs[0][: len(again[0].completion_logprobs[0])]
+
+
+def test_tokens_outside_the_learners_top_k_stay_finite(backend):
+    """A stale sampler's token can fall outside a newer learner's top-k: its log-prob is floored,
+    padding is zero, and a loss on it stays finite."""
+    from swarm.losses import LossConfig, LossInputs, compute_loss
+
+    gens = backend.generate(["Compute 3+4. Answer in \\boxed{}.\n"] * 2, SamplingParams(num_completions=2, max_new_tokens=8, seed=0))
+    p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)
+    c_ids = torch.where(c_mask.bool(), torch.randint(3, 90, c_ids.shape), c_ids)  # unlikely tokens
+    c_mask[0, -2:] = 0
+    learner = completion_logprobs(backend.model, p_ids, p_mask, c_ids, c_mask, top_k=1)
+    assert torch.isfinite(learner).all()
+    assert (learner[c_mask == 0] == 0).all()
+    out = compute_loss(LossInputs(learner, s_lp, c_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.tensor([0, 0, 1, 1])))
+    assert torch.isfinite(out.loss)

@@ -48,3 +48,30 @@ def test_one_optimizer_step_per_loss(name):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     changed = sum(not torch.equal(p0, p1.detach()) for p0, p1 in zip(before, model.parameters()))
     assert changed >= len(before) // 2, f"{name}: only {changed}/{len(before)} tensors changed"
+
+
+def test_learner_core_steps_on_generated_rollouts_and_counts_staleness():
+    from peers.generation import SamplingParams
+    from peers.generation.transformers_backend import TransformersBackend
+    from swarm.model.loading import load_policy
+    from swarm.rewards import RewardScorer
+    from swarm.sampling import produce_rollouts
+    from swarm.tasks.synthetic import ArithmeticTask
+    from swarm.training import LearnerCore
+
+    model, tokenizer = load_policy("embedded")
+    backend = TransformersBackend(model, tokenizer)
+    problems = ArithmeticTask(2).problems("train")[:4]
+    groups = produce_rollouts(backend, RewardScorer(), problems, SamplingParams(num_completions=4, max_new_tokens=12, seed=0),
+                              version=0, sampler_id="test")
+    assert [g.problem_id for g in groups] == [p.problem_id for p in problems]
+    assert all(len(g.rewards) == 4 and all(r in (0.0, 1.0) for r in g.rewards) for g in groups)
+    learner = LearnerCore(model, tokenizer.pad_token_id, lr=1e-3, micro_batch_groups=3, version=3)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = learner.step(groups)
+    assert learner.version == 4
+    assert metrics["staleness_mean"] == 3.0 and metrics["staleness_max"] == 3.0
+    assert abs(metrics["kl_sampler_learner"]) < 1e-4  # fresh rollouts: sampler == learner
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="at least one rollout group"):
+        learner.step([])

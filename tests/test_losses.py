@@ -63,6 +63,8 @@ def test_k3_penalty_and_kl_metric_hand_computed():
     assert out.loss.item() == pytest.approx(0.2 + 0.5 * sum(k3) / 2, abs=1e-6)
     kl = [r - 1 - math.log(r) for r in (0.8, 1.2)]  # KL(q||p) estimated on q's samples
     assert out.metrics["kl_sampler_learner"].item() == pytest.approx(sum(kl) / 2, abs=1e-6)
+    kl_pq = [r * math.log(r) for r in (0.8, 1.2)]  # KL(p||q) = E_q[r log r]
+    assert out.metrics["kl_learner_sampler"].item() == pytest.approx(sum(kl_pq) / 2, abs=1e-6)
 
 
 def test_gspo_defaults_are_the_gspo_papers_not_grpos():

@@ -22,3 +22,11 @@ def kl_sampler_learner(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask:
     r = p / q is unbiased and never negative (k3 with the ratio the right way round)."""
     log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return normalise_token_mean(torch.exp(log_r) - 1.0 - log_r, mask)
+
+
+@torch.no_grad()
+def kl_learner_sampler(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Per-token KL(p || q), the GEPO paper's staleness diagnostic, estimated on tokens drawn from
+    q by importance weighting: E_q[r log r] with r = p / q."""
+    log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return normalise_token_mean(torch.exp(log_r) * log_r, mask)

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm.losses.base import LossInputs, LossOutputs, SeqLogprobMode
-from swarm.losses.kl import k3_penalty, kl_sampler_learner
+from swarm.losses.kl import k3_penalty, kl_learner_sampler, kl_sampler_learner
 
 AdvantageMode = Literal["std", "no_std", "beta"]
 WeightLevel = Literal["token", "sequence", "group"]
@@ -87,7 +87,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
     """The one dispatch point: policy loss + k3 KL penalty, with metrics.
 
     Metrics (all detached scalars): `loss`, `policy_loss`, `is_weight_mean` / `is_weight_var` (at the
-    loss's own level: token, sequence or group), `clip_frac`, `kl_sampler_learner`, `kl_penalty`.
+    loss's own level: token, sequence or group), `clip_frac`, `kl_sampler_learner`, `kl_learner_sampler`, `kl_penalty`.
     """
     config = config or LossConfig()
     inputs.validate()
@@ -110,5 +110,6 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
         policy_loss=policy_loss.detach(),
         kl_penalty=kl_pen.detach(),
         kl_sampler_learner=kl_sampler_learner(cast.learner_logprobs, cast.sampler_logprobs, mask),
+        kl_learner_sampler=kl_learner_sampler(cast.learner_logprobs, cast.sampler_logprobs, mask),
     )
     return LossOutputs(loss=loss, metrics=metrics)

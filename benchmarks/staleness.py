@@ -1,0 +1,179 @@
+"""The staleness study (GEPO paper, Table 1 at small scale): every registered loss trained on
+rollouts from past versions of its own policy, at several maximum staleness levels and seeds,
+with held-out accuracy every few steps.
+
+    python -m benchmarks.staleness --quick     # ~5 min: gepo, grpo, gspo; staleness 0 and 64; 1 seed
+    python -m benchmarks.staleness             # the full study: 8 losses x {0, 8, 64} x 3 seeds
+
+Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (capped by the
+versions that exist); K = 0 is online RL. Seeds, prompts, schedule and evaluation are the same for
+every loss, so differences come from the loss alone. Writes benchmarks/results/staleness.json,
+staleness.md, staleness_curves.png and staleness_diagnostics.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from benchmarks.common import RESULTS, markdown_table, write_result
+
+ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo"]
+
+
+def run_one(loss: str, staleness: int, seed: int, args) -> dict:
+    from swarm.local_training import LocalRunConfig, run_local
+    from swarm.losses import LossConfig
+
+    config = LocalRunConfig(
+        loss=LossConfig(name=loss), steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
+        lr=args.lr, delay="none" if staleness == 0 else f"uniform:{staleness}", max_staleness=max(staleness, 0),
+        eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
+    )
+    started = time.time()
+    result = run_local(config)
+    keep = ("step", "reward_mean", "staleness_mean", "staleness_max", "kl_learner_sampler", "kl_sampler_learner",
+            "is_weight_var", "is_weight_mean", "clip_frac", "loss")
+    history = [{k: h[k] for k in keep} for h in result["history"]]
+    accs = [e["pass_at_1"] for e in result["evals"]]
+    return {"loss": loss, "staleness": staleness, "seed": seed, "evals": result["evals"], "history": history,
+            "best": max(accs[1:] or accs), "last": accs[-1], "initial": accs[0], "seconds": time.time() - started}
+
+
+def summarise(runs: list[dict], losses: list[str], levels: list[int]) -> tuple[list[list], dict]:
+    def mean_sd(values):
+        return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
+
+    rows, summary = [], {}
+    for loss in losses:
+        for k in levels:
+            sel = [r for r in runs if r["loss"] == loss and r["staleness"] == k]
+            if not sel:
+                continue
+            best, last = mean_sd([r["best"] for r in sel]), mean_sd([r["last"] for r in sel])
+            gap = mean_sd([r["best"] - r["last"] for r in sel])
+            summary[f"{loss}@{k}"] = {"best": best, "last": last, "gap": gap, "seeds": len(sel)}
+            rows.append([loss, k, f"{100 * best[0]:.1f} ± {100 * best[1]:.1f}", f"{100 * last[0]:.1f} ± {100 * last[1]:.1f}",
+                         f"{100 * gap[0]:.1f} ± {100 * gap[1]:.1f}", len(sel)])
+    return rows, summary
+
+
+def drops(summary: dict, losses: list[str], levels: list[int]) -> list[list]:
+    lo, hi = min(levels), max(levels)
+    out = []
+    for loss in losses:
+        if f"{loss}@{lo}" in summary and f"{loss}@{hi}" in summary:
+            a, b = summary[f"{loss}@{lo}"]["last"][0], summary[f"{loss}@{hi}"]["last"][0]
+            out.append([loss, f"{100 * a:.1f}", f"{100 * b:.1f}", f"{100 * (a - b):.1f}", f"{100 * (a - b) / a:.1f}%" if a else "-"])
+    return out
+
+
+def correlations(runs: list[dict]) -> dict:
+    import numpy as np
+
+    steps = [h for r in runs for h in r["history"] if h["step"] > 1]
+    stal = np.array([h["staleness_mean"] for h in steps])
+    kl = np.array([h["kl_learner_sampler"] for h in steps])
+    var = np.array([h["is_weight_var"] for h in steps])
+
+    def corr(a, b):
+        return float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
+
+    return {"staleness_vs_kl": corr(stal, kl), "kl_vs_is_weight_var": corr(kl, var), "staleness_vs_is_weight_var": corr(stal, var)}
+
+
+def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    for ax, k in zip(axes[0], levels):
+        for i, loss in enumerate(losses):
+            sel = [r for r in runs if r["loss"] == loss and r["staleness"] == k]
+            if not sel:
+                continue
+            steps = [e["step"] for e in sel[0]["evals"]]
+            mean = [statistics.mean(r["evals"][j]["pass_at_1"] for r in sel) for j in range(len(steps))]
+            ax.plot(steps, mean, "o-", ms=3, color=f"C{i}", label=loss, lw=2.5 if loss == "gepo" else 1.2)
+        ax.set_title(f"max staleness {k} steps")
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("held-out pass@1")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "staleness_curves.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, loss in enumerate(losses):
+        hs = [h for r in runs if r["loss"] == loss for h in r["history"] if h["step"] > 1]
+        axes[0].scatter([h["staleness_mean"] for h in hs], [h["kl_learner_sampler"] for h in hs], s=5, color=f"C{i}", label=loss, alpha=0.5)
+        axes[1].scatter([h["kl_learner_sampler"] for h in hs], [max(h["is_weight_var"], 1e-9) for h in hs], s=5, color=f"C{i}", label=loss, alpha=0.5)
+    axes[0].set_xlabel("mean staleness of the step (steps)")
+    axes[0].set_ylabel("KL(learner || sampler) per token")
+    axes[1].set_xlabel("KL(learner || sampler) per token")
+    axes[1].set_ylabel("importance-weight variance (loss's own level)")
+    axes[1].set_yscale("log")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, markerscale=3)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "staleness_diagnostics.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.staleness", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="gepo, grpo, gspo at staleness 0 and 64, one seed, short")
+    parser.add_argument("--losses", default=None, help="comma-separated (default: all, or the quick set)")
+    parser.add_argument("--staleness", default=None, help="comma-separated maximum staleness levels (default 0,8,64)")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-problems", type=int, default=100)
+    args = parser.parse_args(argv)
+    losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
+    levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
+    seeds = args.seeds or (1 if args.quick else 3)
+    args.steps = args.steps or (40 if args.quick else 80)
+    import torch
+
+    torch.set_num_threads(2)
+    runs = []
+    total = len(losses) * len(levels) * seeds
+    for seed in range(seeds):
+        for k in levels:
+            for loss in losses:
+                run = run_one(loss, k, seed, args)
+                runs.append(run)
+                print(f"[{len(runs)}/{total}] {loss:8s} staleness {k:3d} seed {seed}: initial {run['initial']:.3f} "
+                      f"best {run['best']:.3f} last {run['last']:.3f} ({run['seconds']:.0f}s)", flush=True)
+    rows, summary = summarise(runs, losses, levels)
+    corr = correlations(runs)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot(runs, losses, levels)
+    settings = {k: v for k, v in vars(args).items()}
+    md = ["# Staleness study\n\n",
+          f"Settings: {json.dumps(settings)}; losses {losses}; maximum staleness {levels}; {seeds} seed(s).\n",
+          "Held-out pass@1 (T=1) on the arithmetic test split, in %, mean ± sd over seeds.\n\n",
+          markdown_table(["loss", "max staleness", "best", "last", "best - last", "seeds"], rows),
+          f"\n## Drop of last accuracy from staleness {min(levels)} to {max(levels)}\n\n",
+          markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"], drops(summary, losses, levels)),
+          "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
+          markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
+          "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
+    write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md))
+    print("".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
