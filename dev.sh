@@ -4,6 +4,7 @@
 #   bash dev.sh demo [ARGS]     the main job: `swarm demo` on the embedded default
 #   bash dev.sh test [ARGS]     the test suite (pytest)
 #   bash dev.sh bench [ARGS]    the benchmarks; figures go to benchmarks/results/
+#   bash dev.sh study [--quick] the staleness study of every loss (benchmarks/staleness.py)
 #   bash dev.sh swarm ARGS      any `swarm` command
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -43,7 +44,8 @@ case "$cmd" in
         exit $rc
         ;;
     bench) exec python -m benchmarks "$@" ;;
+    study) exec python -m benchmarks.staleness "$@" ;;
     swarm) exec swarm "$@" ;;
     setup) ;;
-    *) echo "dev.sh: unknown command '$cmd' (use demo, test, bench, swarm or setup)" >&2; exit 2 ;;
+    *) echo "dev.sh: unknown command '$cmd' (use demo, test, bench, study, swarm or setup)" >&2; exit 2 ;;
 esac

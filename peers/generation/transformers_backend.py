@@ -73,17 +73,25 @@ class TransformersBackend:
         return self._split(enc, new_tokens.cpu(), logprobs.cpu(), len(prompts), g, eos)
 
     def _split(self, enc, new_tokens, logprobs, num_prompts: int, g: int, eos: int) -> list[Generation]:
+        rows, row_lps = new_tokens.tolist(), logprobs.tolist()  # one conversion each, not per row
+        prompt_ids, prompt_mask = enc["input_ids"].tolist(), enc["attention_mask"].tolist()
+        ends, finished = [], []
+        for toks in rows:
+            # the completion runs to and includes the first EOS; after it, generate pads
+            done = eos in toks
+            ends.append(toks.index(eos) + 1 if done else len(toks))
+            finished.append(done)
+        completions = [toks[:end] for toks, end in zip(rows, ends)]
+        texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
         gens = []
         for p in range(num_prompts):
-            prompt = enc["input_ids"][p][enc["attention_mask"][p].bool()].tolist()
-            ids, lps, finished = [], [], []
-            for row in range(p * g, (p + 1) * g):
-                toks = new_tokens[row].tolist()
-                # the completion runs to and includes the first EOS; after it, generate pads
-                end = toks.index(eos) + 1 if eos in toks else len(toks)
-                ids.append(toks[:end])
-                lps.append(logprobs[row, :end].tolist())
-                finished.append(eos in toks)
-            texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-            gens.append(Generation(prompt, ids, lps, texts, finished))
+            prompt = [t for t, m in zip(prompt_ids[p], prompt_mask[p]) if m]
+            span = range(p * g, (p + 1) * g)
+            gens.append(Generation(
+                prompt,
+                [completions[r] for r in span],
+                [row_lps[r][: ends[r]] for r in span],
+                [texts[r] for r in span],
+                [finished[r] for r in span],
+            ))
         return gens

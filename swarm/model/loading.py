@@ -32,6 +32,9 @@ def load_policy(model: str | None, *, device: str = "cpu", dtype: str = "float32
     """(model, tokenizer) ready for generation or training."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-tensor "Loading weights" bar is noise in peer logs
 
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(sorted(DTYPES))}")
