@@ -18,6 +18,12 @@ def user_errors():
     try:
         yield
     except USER_ERRORS as exc:
+        if hasattr(exc, "errors") and callable(exc.errors):  # pydantic: one line per bad field
+            lines = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            ]
+            raise click.ClickException("; ".join(lines)) from exc
         raise click.ClickException(str(exc)) from exc
 
 

@@ -66,3 +66,31 @@ def test_bad_input_names_itself_and_exits_nonzero(args, message):
     assert out.returncode != 0
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_demo_trains_and_writes_its_run_directory(tmp_path):
+    run_dir = tmp_path / "demo"
+    out = run("demo", "--steps", "2", "--prompts-per-step", "4", "--group-size", "2", "--delay", "fixed:1",
+              "--run-dir", str(run_dir))
+    assert out.returncode == 0, out.stderr
+    assert "before" in out.stdout and "after" in out.stdout and str(run_dir) in out.stdout
+    steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[1]["staleness_max"] == 1.0  # the second step trained on version-0 rollouts
+    evals = json.loads((run_dir / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [0, 2]
+    assert (run_dir / "training.png").stat().st_size > 10_000
+    assert json.loads((run_dir / "config.json").read_text())["loss"]["name"] == "gepo"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["demo", "--loss", "ppo"], "unknown loss 'ppo'; choose one of"),
+        (["demo", "--delay", "poisson:3"], "bad delay distribution 'poisson:3'"),
+        (["demo", "--steps", "0"], "Invalid value for '--steps'"),
+    ],
+)
+def test_demo_bad_options_name_themselves(args, message):
+    out = run(*args, timeout=120)
+    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
