@@ -1,4 +1,5 @@
 """The bootstrap node: the hivemind DHT entry point peers join through (`swarm bootstrap`).
 
-Part of the swarm fabric, which is not built yet; this package holds its place in the layout.
+- node.py - start a DHT node with a persistent identity, print the multiaddrs to pass to
+            `--peers`, and log a status line per minute until stopped.
 """

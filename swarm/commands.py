@@ -144,6 +144,32 @@ def _run_demo(config, run_path) -> None:
     Console().print(f"run directory: {run_path}  (steps.jsonl, evals.json, config.json, plot {plot.name})")
 
 
+@click.command("bootstrap")
+@click.option("--host", default="0.0.0.0", show_default=True, help="address to listen on (0.0.0.0: all IPv4 interfaces)")
+@click.option("--port", default=31337, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free port)")
+@click.option("--identity", type=click.Path(dir_okay=False), help="libp2p key file; keeps the peer id across restarts "
+              "(default: ~/.cache/gepo-swarm/identity/bootstrap.p2p.key)")
+@click.option("--peers", multiple=True, help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
+@click.option("--run-id", default="swarm", show_default=True, help="the run whose members the status line counts")
+@click.option("--status-every", default=60.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between status lines")
+def bootstrap_command(host, port, identity, peers, run_id, status_every):
+    """Start a bootstrap node: the DHT address other peers join through."""
+    from pathlib import Path
+
+    from bootstrap.node import run_bootstrap
+    from swarm.fabric.dht import JoinError
+    from swarm.fabric.identity import default_identity_dir
+
+    identity_path = Path(identity) if identity else default_identity_dir() / "bootstrap.p2p.key"
+    with user_errors():
+        try:
+            run_bootstrap(run_id=run_id, host=host, port=port, identity_path=identity_path, initial_peers=peers,
+                          status_every_s=status_every, echo=lambda line: click.echo(line, nl=True))
+        except JoinError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
 def register_commands(main: click.Group) -> None:
+    main.add_command(bootstrap_command)
     main.add_command(eval_command)
     main.add_command(demo_command)

@@ -1,0 +1,43 @@
+"""Persistent identities.
+
+Two keys per peer, each in a file so that it survives restarts:
+- the libp2p identity (`*.p2p.key`), handed to the p2p daemon: it fixes the peer id and with it the
+  multiaddr others pass to `--peers`;
+- the RSA signing key (`*.sign.key`, DER), which signs the peer's DHT records so that no other peer
+  can write or overwrite them (hivemind's RSASignatureValidator).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def default_identity_dir() -> Path:
+    from swarm.model.embedded import cache_root
+
+    return cache_root() / "identity"
+
+
+def load_or_create_signing_key(path: Path):
+    """An RSAPrivateKey read from `path`, or a new one written there (mode 0600) if it is missing."""
+    from cryptography.hazmat.primitives import serialization
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    path = Path(path)
+    if path.exists():
+        try:
+            key = RSAPrivateKey.__new__(RSAPrivateKey)
+            key.__setstate__({"_private_key": path.read_bytes()})
+            return key
+        except ValueError as exc:
+            raise ValueError(f"signing key file {path} is not a DER RSA private key ({exc}); move it away to make a new one") from exc
+    key = RSAPrivateKey()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key._private_key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.TraditionalOpenSSL,
+                                               serialization.NoEncryption()))
+    tmp.rename(path)
+    return key

@@ -1,0 +1,94 @@
+"""Membership records in the DHT, under a run id.
+
+Each peer owns one subkey of the dictionary key `{run_id}_members`: its subkey embeds its RSA
+public key (`[owner:...]`), the value is signed with the matching private key, so hivemind's
+RSASignatureValidator refuses any write to it by another peer; SchemaValidator refuses values that
+do not match MemberRecord (strict types: no silent conversions). Records carry an expiration a few
+heartbeats ahead, so a peer that vanishes disappears from listings on its own.
+"""
+
+
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from pydantic.v1 import BaseModel, StrictFloat, StrictStr, conint, constr
+
+from swarm import __version__
+
+ROLES = ("sampler", "learner")
+MAX_RECORD_BYTES = 16 * 1024  # far under hivemind's 2 MiB unary limit
+
+
+class MemberRecord(BaseModel):
+    """What a peer announces about itself (all fields required by the schema)."""
+
+    role: constr(regex=r"^(sampler|learner)$", strict=True)
+    peer_id: constr(min_length=1, max_length=128, strict=True)  # libp2p peer id (base58)
+    model: constr(max_length=256, strict=True)  # model name or path the peer runs
+    model_hash: constr(max_length=128, strict=True)  # hash of the weights it holds ("" if unknown)
+    version: conint(ge=0, strict=True)  # policy version it holds
+    rollouts: conint(ge=0, strict=True)  # counters: rollout groups produced (sampler) / used (learner)
+    tokens_per_s: StrictFloat  # recent throughput
+    software: constr(max_length=32, strict=True)  # gepo-swarm version
+    time: StrictFloat  # DHT time of the heartbeat
+
+
+def members_key(run_id: str) -> str:
+    return f"{run_id}_members"
+
+
+def make_schema(run_id: str):
+    """A schema class per run: SchemaValidator identifies fields by the hash of `{prefix}_{name}`."""
+    from hivemind.dht.schema import BytesWithPublicKey
+
+    class SwarmSchema(BaseModel):
+        members: Dict[BytesWithPublicKey, Optional[MemberRecord]]
+
+    return SwarmSchema
+
+
+@dataclass
+class Member:
+    """A membership record as read back from the DHT."""
+
+    record: MemberRecord
+    expires_at: float
+    owner: bytes  # the subkey, i.e. the owner's public key
+
+
+class MembershipPublisher:
+    """Writes this peer's membership record; call `heartbeat()` every `heartbeat_s` seconds."""
+
+    def __init__(self, dht, run_id: str, public_key_subkey: bytes, *, heartbeat_s: float = 10.0, expiry_heartbeats: float = 3.0):
+        self.dht = dht
+        self.key = members_key(run_id)
+        self.subkey = public_key_subkey
+        self.heartbeat_s = heartbeat_s
+        self.expiry_s = heartbeat_s * expiry_heartbeats
+
+    def heartbeat(self, *, role: str, model: str = "", model_hash: str = "", version: int = 0, rollouts: int = 0,
+                  tokens_per_s: float = 0.0) -> bool:
+        from hivemind.utils import get_dht_time
+
+        now = get_dht_time()
+        record = MemberRecord(role=role, peer_id=self.dht.peer_id.to_base58(), model=model, model_hash=model_hash,
+                              version=version, rollouts=rollouts, tokens_per_s=float(tokens_per_s),
+                              software=__version__, time=float(now))
+        value = record.dict()
+        return bool(self.dht.store(self.key, subkey=self.subkey, value=value, expiration_time=now + self.expiry_s))
+
+
+def list_members(dht, run_id: str) -> "list[Member]":
+    """Current, unexpired members of the run (records that fail the schema are never stored)."""
+    found = dht.get(members_key(run_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    members = []
+    for subkey, item in found.value.items():
+        try:
+            record = MemberRecord.parse_obj(item.value)
+        except Exception:  # noqa: BLE001  a record another version wrote: skip it
+            continue
+        members.append(Member(record=record, expires_at=item.expiration_time, owner=subkey))
+    return sorted(members, key=lambda m: (m.record.role, m.record.peer_id))

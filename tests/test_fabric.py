@@ -1,0 +1,150 @@
+"""The swarm fabric on real localhost swarms: hivemind DHT nodes with their p2p daemons, the
+bootstrap node as a real process, signed and schema-checked membership records."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from swarm.fabric.dht import JoinError, start_dht
+from swarm.fabric.identity import load_or_create_signing_key
+from swarm.fabric.records import MembershipPublisher, list_members, members_key
+
+RUN = "test-run"
+
+
+@pytest.fixture
+def nodes():
+    started = []
+
+    def start(**kwargs):
+        dht, validator = start_dht(RUN, **kwargs)
+        started.append(dht)
+        return dht, validator
+
+    yield start
+    for dht in started:
+        dht.shutdown()
+
+
+def maddrs(dht):
+    return [str(m) for m in dht.get_visible_maddrs()]
+
+
+def wait_for(predicate, timeout=20.0, every=0.25):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
+
+
+def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tmp_path):
+    boot, _ = nodes()
+    a, sign_a = nodes(initial_peers=maddrs(boot), signing_key=load_or_create_signing_key(tmp_path / "a.sign.key"))
+    b, sign_b = nodes(initial_peers=maddrs(a))  # joins through a non-bootstrap peer
+    pub_a = MembershipPublisher(a, RUN, sign_a.local_public_key, heartbeat_s=1.0, expiry_heartbeats=3)
+    pub_b = MembershipPublisher(b, RUN, sign_b.local_public_key, heartbeat_s=1.0, expiry_heartbeats=3)
+    assert pub_a.heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5)
+    assert pub_b.heartbeat(role="learner", model="embedded", version=5)
+
+    def roles():
+        return {(m.record.role, m.record.version, m.record.peer_id) for m in list_members(boot, RUN)}
+
+    assert wait_for(lambda: roles() == {("sampler", 3, a.peer_id.to_base58()), ("learner", 5, b.peer_id.to_base58())})
+    member = next(m for m in list_members(boot, RUN) if m.record.role == "sampler")
+    assert member.record.rollouts == 7 and member.record.tokens_per_s == 120.5 and member.record.software
+
+    # a stops heartbeating and leaves; b keeps going: within a few heartbeats only b is listed
+    a.shutdown()
+    deadline = time.time() + 15
+    while time.time() < deadline and len(roles()) != 1:
+        pub_b.heartbeat(role="learner", model="embedded", version=6)
+        time.sleep(1.0)
+    assert roles() == {("learner", 6, b.peer_id.to_base58())}
+
+
+def test_forged_and_malformed_records_are_refused(nodes):
+    from hivemind.utils import get_dht_time
+
+    boot, _ = nodes()
+    honest, sign_h = nodes(initial_peers=maddrs(boot))
+    attacker, sign_x = nodes(initial_peers=maddrs(boot))
+    assert MembershipPublisher(honest, RUN, sign_h.local_public_key).heartbeat(role="sampler", version=1)
+    expiry = get_dht_time() + 30
+    good = dict(role="learner", peer_id="x", model="", model_hash="", version=99, rollouts=0, tokens_per_s=0.0,
+                software="0", time=float(get_dht_time()))
+    # another peer's subkey: the signature cannot match the public key in the subkey
+    assert not attacker.store(members_key(RUN), subkey=sign_h.local_public_key, value=good, expiration_time=expiry)
+    # its own subkey, but values that break the schema
+    for bad in ({**good, "role": "boss"}, {**good, "version": 1.5}, {**good, "version": -1}, {"role": "learner"}):
+        assert not attacker.store(members_key(RUN), subkey=sign_x.local_public_key, value=bad, expiration_time=expiry)
+    # a subkey without any owner key is refused by the schema too
+    assert not attacker.store(members_key(RUN), subkey=b"anyone", value=good, expiration_time=expiry)
+    listed = list_members(boot, RUN)
+    assert [(m.record.role, m.record.version) for m in listed] == [("sampler", 1)]
+
+
+def test_unreachable_bootstrap_fails_fast_with_a_clear_error():
+    started = time.time()
+    with pytest.raises(JoinError, match="could not join the swarm through /ip4/127.0.0.1/tcp/9/p2p/"):
+        start_dht(RUN, initial_peers=["/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"])
+    assert time.time() - started < 30
+    with pytest.raises(ValueError, match="not a multiaddr"):
+        start_dht(RUN, initial_peers=["127.0.0.1:31337"])
+
+
+def start_bootstrap_process(identity, port=0):
+    cmd = [sys.executable, "-m", "swarm.cli", "bootstrap", "--host", "127.0.0.1", "--port", str(port),
+           "--identity", str(identity), "--run-id", RUN, "--status-every", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines, deadline = [], time.time() + 60
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        match = re.search(r"--peers (\S+)", line)
+        if match:
+            return proc, match.group(1), lines
+    proc.kill()
+    raise AssertionError("bootstrap node printed no address:\n" + "".join(lines))
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_bootstrap_process_serves_joins_and_keeps_its_peer_id_across_restarts(nodes, tmp_path):
+    identity = tmp_path / "boot.p2p.key"
+    proc, addr, _ = start_bootstrap_process(identity)
+    try:
+        peer_id = addr.rsplit("/p2p/", 1)[1]
+        dht, validator = nodes(initial_peers=[addr])
+        assert MembershipPublisher(dht, RUN, validator.local_public_key).heartbeat(role="sampler", version=2)
+        line = ""
+        deadline = time.time() + 20
+        while time.time() < deadline and "1 sampler(s)" not in line:
+            line = proc.stdout.readline()
+        assert "1 sampler(s)" in line  # its status line counts the member
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+    port = int(re.search(r"/tcp/(\d+)/", addr).group(1))
+    proc2, addr2, _ = start_bootstrap_process(identity, port=port)
+    try:
+        assert addr2.rsplit("/p2p/", 1)[1] == peer_id
+        assert addr2 == addr
+    finally:
+        stop(proc2)
