@@ -149,11 +149,16 @@ def main(argv=None) -> int:
     torch.set_num_threads(2)
     runs = []
     total = len(losses) * len(levels) * seeds
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    partial = RESULTS / "staleness_runs.partial.jsonl"  # survives an interrupted study
+    partial.write_text("")
     for seed in range(seeds):
         for k in levels:
             for loss in losses:
                 run = run_one(loss, k, seed, args)
                 runs.append(run)
+                with partial.open("a") as f:
+                    f.write(json.dumps(run) + "\n")
                 print(f"[{len(runs)}/{total}] {loss:8s} staleness {k:3d} seed {seed}: initial {run['initial']:.3f} "
                       f"best {run['best']:.3f} last {run['last']:.3f} ({run['seconds']:.0f}s)", flush=True)
     rows, summary = summarise(runs, losses, levels)
@@ -171,6 +176,7 @@ def main(argv=None) -> int:
           markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
           "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
     write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md))
+    partial.unlink()
     print("".join(md))
     return 0
 

@@ -1,0 +1,55 @@
+"""A private asyncio event loop in a daemon thread, so synchronous peer code can call the
+hivemind P2P API (which is asyncio-only) with a timeout on every call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Awaitable, TypeVar
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    def __init__(self, name: str = "swarm-io") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+
+async def replicate_p2p(daemon_maddr):
+    from hivemind.p2p import P2P
+
+    return await P2P.replicate(daemon_maddr)
+
+
+def attach_p2p(dht, io: BackgroundLoop, timeout: float = 30.0):
+    """A P2P client of `dht`'s daemon, bound to `io`'s loop. (DHT.replicate_p2p caches one replica
+    per DHT, bound to whichever loop asked first; every component here has its own loop.)"""
+    from hivemind.dht import DHT
+
+    maddr = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+    return io.run(replicate_p2p(maddr), timeout=timeout)
+
+
+def detach_p2p(p2p, io: BackgroundLoop) -> None:
+    """Close the client (the daemon belongs to the DHT and keeps running), then stop the loop."""
+    try:
+        io.run(p2p.shutdown(), timeout=10)
+    except Exception:  # noqa: BLE001  the daemon may already be gone
+        pass
+    io.stop()

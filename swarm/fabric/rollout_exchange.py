@@ -1,0 +1,168 @@
+"""Rollout groups from samplers to a learner over hivemind's p2p streams.
+
+One stream per send: the sampler writes length-prefixed msgpack frames (wire.py), one per group,
+and reads one small ack per frame. The learner side (`RolloutInbox`):
+- validates every frame (wire.decode_group) and answers with the reason when it refuses one;
+- delivers each group at most once (a bounded memory of recently seen group uids);
+- applies backpressure: a bounded queue; when it is full the handler stops reading, so the
+  sender's writes block instead of the learner's memory growing, and after `put_timeout_s` the
+  group is refused as "busy" (the sampler may retry later);
+- counts accepted and refused groups per sampler, so that bad peers can be identified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import msgpack
+
+from swarm.fabric.loop import BackgroundLoop, attach_p2p, detach_p2p
+from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
+from swarm.rollouts import RolloutGroup
+
+logger = logging.getLogger(__name__)
+
+
+def handler_name(run_id: str) -> str:
+    return f"gepo-swarm/{run_id}/rollouts/v1"
+
+
+@dataclass
+class InboxStats:
+    accepted: Counter = field(default_factory=Counter)  # sampler id -> groups accepted
+    refused: Counter = field(default_factory=Counter)  # sampler id (or peer id) -> groups refused
+    reasons: Counter = field(default_factory=Counter)  # reason -> count
+    duplicates: int = 0
+
+
+class RolloutInbox:
+    """Receives rollout groups for a learner. `get(timeout)` hands them out, oldest first."""
+
+    def __init__(self, dht, run_id: str, *, vocab_size: int, max_staleness: int = 64, capacity: int = 256,
+                 put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000) -> None:
+        self.vocab_size, self.max_staleness, self.limits = vocab_size, max_staleness, limits
+        self.put_timeout_s = put_timeout_s
+        self.learner_version = 0  # set by the learner as it steps
+        self.stats = InboxStats()
+        self._queue: queue.Queue[RolloutGroup] = queue.Queue(maxsize=capacity)
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember_uids
+        self._lock = threading.Lock()
+        self._io = BackgroundLoop("rollout-inbox")
+        self._name = handler_name(run_id)
+        self._p2p = attach_p2p(dht, self._io)
+        self._io.run(self._p2p.add_binary_stream_handler(self._name, self._handle), timeout=30)
+
+    def get(self, timeout: float | None = None) -> RolloutGroup | None:
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def qsize(self) -> int:
+        return self._queue.qsize()
+
+    def _first_time(self, uid: str) -> bool:
+        with self._lock:
+            if uid in self._seen:
+                return False
+            self._seen[uid] = None
+            while len(self._seen) > self._remember:
+                self._seen.popitem(last=False)
+            return True
+
+    async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        remote = str(stream_info.peer_id)
+        try:
+            while True:
+                try:
+                    header = await reader.readexactly(P2P.HEADER_LEN)
+                except asyncio.IncompleteReadError:
+                    return  # the sender closed the stream
+                size = int.from_bytes(header, P2P.BYTEORDER)
+                if size > self.limits.max_frame_bytes:
+                    self.stats.refused[remote] += 1
+                    self.stats.reasons["oversized frame"] += 1
+                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
+                    return  # cannot resynchronise without reading it: drop the stream
+                frame = await reader.readexactly(size)  # a half-received frame raises here and is dropped
+                ack = await self._accept(frame, remote)
+                await P2P.send_raw_data(msgpack.packb(ack), writer)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            logger.debug("rollout stream from %s broke: %s", remote, exc)
+        finally:
+            writer.close()
+
+    async def _accept(self, frame: bytes, remote: str) -> dict:
+        try:
+            uid, group = decode_group(frame, vocab_size=self.vocab_size, learner_version=self.learner_version,
+                                      max_staleness=self.max_staleness, limits=self.limits)
+        except InvalidRollout as exc:
+            self.stats.refused[remote] += 1
+            self.stats.reasons[str(exc)] += 1
+            logger.info("refused a rollout group from %s: %s", remote, exc)
+            return {"ok": False, "reason": str(exc)}
+        if not self._first_time(uid):
+            self.stats.duplicates += 1
+            return {"ok": False, "reason": "duplicate"}
+        loop = asyncio.get_running_loop()
+        try:
+            # blocks this stream (and so the sender) while the learner is behind: backpressure
+            await asyncio.wait_for(loop.run_in_executor(None, self._queue.put, group, True, self.put_timeout_s), self.put_timeout_s + 5)
+        except (queue.Full, asyncio.TimeoutError):
+            with self._lock:
+                self._seen.pop(uid, None)  # not delivered: the sampler may send it again
+            self.stats.reasons["busy"] += 1
+            return {"ok": False, "reason": "busy"}
+        self.stats.accepted[group.sampler_id] += 1
+        return {"ok": True}
+
+    def close(self) -> None:
+        try:
+            self._io.run(self._p2p.remove_binary_stream_handler(self._name), timeout=10)
+        except Exception:  # noqa: BLE001  the daemon may already be gone
+            pass
+        detach_p2p(self._p2p, self._io)
+
+
+class RolloutSender:
+    """Sends rollout groups to a learner peer; returns one ack per group ({"ok": bool, "reason"})."""
+
+    def __init__(self, dht, run_id: str, *, timeout_s: float = 60.0) -> None:
+        self.timeout_s = timeout_s
+        self._name = handler_name(run_id)
+        self._io = BackgroundLoop("rollout-sender")
+        self._p2p = attach_p2p(dht, self._io)
+
+    def send(self, learner_peer_id, groups: Sequence[RolloutGroup]) -> list[dict]:
+        return self._io.run(self._send([encode_group(g) for g in groups], learner_peer_id), timeout=self.timeout_s)
+
+    def send_frames(self, learner_peer_id, frames: Sequence[bytes]) -> list[dict]:
+        """Raw frames (tests use this to send malformed data)."""
+        return self._io.run(self._send(list(frames), learner_peer_id), timeout=self.timeout_s)
+
+    async def _send(self, frames: list[bytes], peer_id) -> list[dict]:
+        from hivemind.p2p import P2P, PeerID
+
+        if isinstance(peer_id, str):
+            peer_id = PeerID.from_base58(peer_id)
+        _, reader, writer = await self._p2p.call_binary_stream_handler(peer_id, self._name)
+        acks = []
+        try:
+            for frame in frames:
+                await P2P.send_raw_data(frame, writer)
+                acks.append(msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False))
+        finally:
+            writer.close()
+        return acks
+
+    def close(self) -> None:
+        detach_p2p(self._p2p, self._io)

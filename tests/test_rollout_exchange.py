@@ -1,0 +1,126 @@
+"""Rollout groups over real hivemind p2p streams: intact delivery, refusal with reasons,
+at-most-once delivery, backpressure."""
+
+import math
+
+import msgpack
+import pytest
+
+from swarm.fabric.dht import start_dht
+from swarm.fabric.rollout_exchange import RolloutInbox, RolloutSender
+from swarm.fabric.wire import InvalidRollout, decode_group, encode_group
+from swarm.rollouts import RolloutGroup
+
+RUN = "exchange-test"
+VOCAB = 99
+
+
+def group(version=3, **overrides):
+    fields = dict(
+        problem_id="arith-d2-1+2", prompt_ids=[10, 11, 12], completion_ids=[[4, 5, 1], [6, 1]],
+        sampler_logprobs=[[-0.5, -0.25, -0.125], [-1.0, -2.0]], rewards=[1.0, None], version=version,
+        sampler_id="sampler-a", completion_texts=["\\boxed{3}", "x"], temperature=0.7, top_k=5, top_p=0.9,
+    )
+    fields.update(overrides)
+    return RolloutGroup(**fields)
+
+
+def test_wire_round_trip_is_exact():
+    original = group()
+    uid, decoded = decode_group(encode_group(original, uid="u1"), vocab_size=VOCAB, learner_version=5, max_staleness=64)
+    assert uid == "u1"
+    for name in ("problem_id", "prompt_ids", "completion_ids", "sampler_logprobs", "rewards", "version", "sampler_id",
+                 "completion_texts", "temperature", "top_k", "top_p", "created_at"):
+        assert getattr(decoded, name) == pytest.approx(getattr(original, name)) if name == "temperature" else getattr(decoded, name) == getattr(original, name), name
+
+
+def tampered(**changes):
+    obj = msgpack.unpackb(encode_group(group(), uid="t"), raw=False)
+    obj.update(changes)
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+BAD = [
+    (encode_group(group(completion_ids=[[4, 5, 120], [6, 1]])), "outside the vocabulary"),
+    (encode_group(group(version=9)), "from the future"),
+    (encode_group(group(version=0, sampler_logprobs=[[-0.5, -0.25, -0.125], [-1.0, -2.0]])), None),  # fine at staleness 5
+    (encode_group(group(sampler_logprobs=[[-0.5, math.nan, -0.1], [-1.0, -2.0]])), "finite"),
+    (encode_group(group(rewards=[1.0])), "need 2 rewards"),
+    (tampered(cl=[3, 3]), "lengths sum to 6"),
+    (tampered(v=7), "wire format version 7"),
+    (tampered(ver=-1), "version must be an int >= 0"),
+    (tampered(sid=""), "'sid' must be a non-empty string"),
+    (b"\x93garbage", "not a msgpack map"),
+]
+
+
+@pytest.mark.parametrize("frame, reason", BAD)
+def test_wire_validation_names_the_problem(frame, reason):
+    if reason is None:
+        decode_group(frame, vocab_size=VOCAB, learner_version=5, max_staleness=64)
+        return
+    with pytest.raises(InvalidRollout, match=reason):
+        decode_group(frame, vocab_size=VOCAB, learner_version=5, max_staleness=64)
+
+
+def test_too_stale_groups_are_refused():
+    with pytest.raises(InvalidRollout, match="70 steps stale"):
+        decode_group(encode_group(group(version=0)), vocab_size=VOCAB, learner_version=70, max_staleness=64)
+
+
+@pytest.fixture
+def swarm_pair():
+    learner_dht, _ = start_dht(RUN)
+    sampler_dht, _ = start_dht(RUN, initial_peers=[str(m) for m in learner_dht.get_visible_maddrs()])
+    yield learner_dht, sampler_dht
+    sampler_dht.shutdown()
+    learner_dht.shutdown()
+
+
+def test_groups_arrive_intact_once_and_bad_ones_are_refused_with_reasons(swarm_pair):
+    learner_dht, sampler_dht = swarm_pair
+    inbox = RolloutInbox(learner_dht, RUN, vocab_size=VOCAB, max_staleness=64)
+    inbox.learner_version = 5
+    sender = RolloutSender(sampler_dht, RUN, timeout_s=60)
+    try:
+        originals = [group(version=v, problem_id=f"p{v}") for v in (3, 4, 5)]
+        acks = sender.send(learner_dht.peer_id, originals)
+        assert acks == [{"ok": True}] * 3
+        received = [inbox.get(timeout=10) for _ in originals]
+        assert [(g.problem_id, g.version, g.completion_ids, g.rewards) for g in received] == [
+            (g.problem_id, g.version, g.completion_ids, g.rewards) for g in originals]
+        assert received[0].sampler_logprobs == originals[0].sampler_logprobs
+
+        frame = encode_group(group(problem_id="dup"), uid="same-uid")
+        bad = encode_group(group(completion_ids=[[4, 5, 500], [6, 1]]))
+        acks = sender.send_frames(learner_dht.peer_id, [frame, frame, bad, b"junk"])
+        assert acks[0] == {"ok": True}
+        assert acks[1] == {"ok": False, "reason": "duplicate"}
+        assert not acks[2]["ok"] and "outside the vocabulary" in acks[2]["reason"]
+        assert not acks[3]["ok"] and "msgpack" in acks[3]["reason"]
+        assert inbox.get(timeout=10).problem_id == "dup"
+        assert inbox.get(timeout=0.5) is None  # nothing else was let through
+        sampler_peer = str(sampler_dht.peer_id)
+        assert inbox.stats.refused[sampler_peer] == 2 and inbox.stats.duplicates == 1
+        assert inbox.stats.accepted["sampler-a"] == 4
+    finally:
+        sender.close()
+        inbox.close()
+
+
+def test_backpressure_bounds_the_learners_memory(swarm_pair):
+    learner_dht, sampler_dht = swarm_pair
+    inbox = RolloutInbox(learner_dht, RUN, vocab_size=VOCAB, capacity=2, put_timeout_s=1.0)
+    inbox.learner_version = 3
+    sender = RolloutSender(sampler_dht, RUN, timeout_s=60)
+    try:
+        acks = sender.send(learner_dht.peer_id, [group(problem_id=f"p{i}") for i in range(4)])
+        assert [a["ok"] for a in acks] == [True, True, False, False]
+        assert all(a["reason"] == "busy" for a in acks[2:])
+        assert inbox.qsize() == 2
+        # once the learner catches up, the refused groups can be sent again
+        assert inbox.get(timeout=5) and inbox.get(timeout=5)
+        assert [a["ok"] for a in sender.send(learner_dht.peer_id, [group(problem_id="p2")])] == [True]
+    finally:
+        sender.close()
+        inbox.close()
