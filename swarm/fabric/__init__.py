@@ -10,4 +10,6 @@ move between them.
 - rollout_exchange.py  - samplers stream rollout groups to a learner's inbox (at most once,
                          with backpressure and per-peer refusal counts).
 - weight_delta.py      - policy versions as bit-exact deltas against the previous version.
+- versions.py          - signed version announcements (learner keys only), a store of held
+                         versions, and serving / fetching them between any holders (relay).
 """

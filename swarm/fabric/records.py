@@ -34,8 +34,21 @@ class MemberRecord(BaseModel):
     time: StrictFloat  # DHT time of the heartbeat
 
 
+class VersionAnnouncement(BaseModel):
+    """A learner's announcement of its newest published policy version."""
+
+    version: conint(ge=0, strict=True)
+    hash: constr(regex=r"^[0-9a-f]{64}$", strict=True)  # state_hash of the published weights
+    peer_id: constr(min_length=1, max_length=128, strict=True)  # where to fetch it first
+    time: StrictFloat
+
+
 def members_key(run_id: str) -> str:
     return f"{run_id}_members"
+
+
+def versions_key(run_id: str) -> str:
+    return f"{run_id}_versions"
 
 
 def make_schema(run_id: str):
@@ -44,6 +57,7 @@ def make_schema(run_id: str):
 
     class SwarmSchema(BaseModel):
         members: Dict[BytesWithPublicKey, Optional[MemberRecord]]
+        versions: Dict[BytesWithPublicKey, Optional[VersionAnnouncement]]
 
     return SwarmSchema
 

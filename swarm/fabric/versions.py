@@ -1,0 +1,187 @@
+"""Policy versions across the swarm: learners announce them (signed DHT records), any holder
+serves them over p2p streams (so the learner's upload does not grow with the number of samplers),
+and receivers rebuild them bit for bit, checking every hash.
+
+Only the run's learners may publish: a receiver is given the learners' public keys (the
+`[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
+volunteer cannot push weights. A receiver that holds version k asks for k -> want and gets the
+chain of deltas; a new or too-far-behind receiver gets a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import msgpack
+import torch
+
+from swarm.fabric.loop import BackgroundLoop, attach_p2p, detach_p2p
+from swarm.fabric.records import VersionAnnouncement, versions_key
+from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
+
+logger = logging.getLogger(__name__)
+MAX_PAYLOAD_BYTES = 4 * 1024**3
+
+
+def handler_name(run_id: str) -> str:
+    return f"gepo-swarm/{run_id}/weights/v1"
+
+
+@dataclass
+class Announced:
+    version: int
+    hash: str
+    peer_id: str
+
+
+def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, *, expiry_s: float = 60.0) -> bool:
+    from hivemind.utils import get_dht_time
+
+    now = get_dht_time()
+    value = VersionAnnouncement(version=version, hash=digest, peer_id=dht.peer_id.to_base58(), time=float(now)).dict()
+    return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
+
+
+def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announced | None:
+    """The newest version announced under one of `learner_keys`; everything else is ignored."""
+    allowed = set(learner_keys)
+    found = dht.get(versions_key(run_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return None
+    best = None
+    for subkey, item in found.value.items():
+        if subkey not in allowed:
+            logger.debug("ignoring a version announcement by an unauthorised key")
+            continue
+        try:
+            ann = VersionAnnouncement.parse_obj(item.value)
+        except Exception:  # noqa: BLE001
+            continue
+        if best is None or ann.version > best.version:
+            best = Announced(ann.version, ann.hash, ann.peer_id)
+    return best
+
+
+class VersionStore:
+    """The versions a peer holds: each one's weights and the delta that produced it."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
+        self.hashes: dict[int, str] = {}
+
+    @property
+    def latest(self) -> int | None:
+        return next(reversed(self.states)) if self.states else None
+
+    def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None) -> str:
+        """Hold `state` as `version` (computing the delta from version - 1 when held)."""
+        state = {k: v.detach().cpu().clone() for k, v in state.items()}
+        if delta is None and (version - 1) in self.states:
+            delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
+        self.states[version] = state
+        self.hashes[version] = state_hash(state)
+        if delta is not None:
+            self.deltas[version] = delta
+        while len(self.states) > self.capacity:
+            old, _ = self.states.popitem(last=False)
+            self.hashes.pop(old, None)
+        for v in [v for v in self.deltas if v not in self.states]:
+            del self.deltas[v]
+        return self.hashes[version]
+
+    def payloads(self, have: int | None, want: int) -> list[bytes]:
+        """Deltas have+1..want when all are held, else a snapshot of `want`."""
+        if want not in self.states:
+            raise KeyError(f"version {want} is not held here")
+        if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
+            return [self.deltas[v] for v in range(have + 1, want + 1)]
+        return [encode_snapshot(self.states[want], want)]
+
+
+class WeightServer:
+    """Serves the versions in `store` to any peer that asks (learners and relaying samplers)."""
+
+    def __init__(self, dht, run_id: str, store: VersionStore) -> None:
+        self.store = store
+        self.served = 0
+        self._name = handler_name(run_id)
+        self._io = BackgroundLoop("weight-server")
+        self._p2p = attach_p2p(dht, self._io)
+        self._io.run(self._p2p.add_binary_stream_handler(self._name, self._handle), timeout=30)
+
+    async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        try:
+            request = msgpack.unpackb(await asyncio.wait_for(P2P.receive_raw_data(reader), 30), raw=False)
+            have, want = request.get("have"), request.get("want")
+            try:
+                payloads = self.store.payloads(have if isinstance(have, int) else None, int(want))
+            except (KeyError, TypeError, ValueError) as exc:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": str(exc), "count": 0}), writer)
+                return
+            await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
+            for payload in payloads:
+                await P2P.send_raw_data(payload, writer)
+            self.served += 1
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
+            logger.debug("weight request from %s failed: %s", stream_info.peer_id, exc)
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        try:
+            self._io.run(self._p2p.remove_binary_stream_handler(self._name), timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+        detach_p2p(self._p2p, self._io)
+
+
+class WeightClient:
+    """Fetches a version from a holder and rebuilds it against what this peer already holds."""
+
+    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+        self._name = handler_name(run_id)
+        self._io = BackgroundLoop("weight-client")
+        self._p2p = attach_p2p(dht, self._io)
+
+    def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> dict[str, torch.Tensor]:
+        """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
+        added) when what arrives does not rebuild `want_hash`; the caller tries another holder."""
+        have = store.latest if store.latest is not None and store.latest < want else None
+        payloads = self._io.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
+        state, version = (store.states[have] if have is not None else None), have
+        built: list[tuple[int, dict, bytes]] = []
+        for payload in payloads:
+            version, state = apply_payload(payload, state)  # raises CorruptVersion on any mismatch
+            built.append((version, state, payload))
+        if version != want or state_hash(state) != want_hash:
+            raise CorruptVersion(f"holder {holder_peer_id} sent version {version}, not {want} with the announced hash")
+        for v, s, payload in built:  # only a fully verified chain is kept
+            store.add(v, s, delta=payload if payload_header(payload)["kind"] == "delta" else None)
+        return state
+
+    async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
+        from hivemind.p2p import P2P, PeerID
+
+        if isinstance(peer_id, str):
+            peer_id = PeerID.from_base58(peer_id)
+        _, reader, writer = await self._p2p.call_binary_stream_handler(peer_id, self._name)
+        try:
+            await P2P.send_raw_data(msgpack.packb({"have": have, "want": want}), writer)
+            header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
+            if not header.get("ok"):
+                raise KeyError(f"holder {peer_id} cannot serve version {want}: {header.get('reason')}")
+            return [await P2P.receive_raw_data(reader) for _ in range(int(header["count"]))]
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        detach_p2p(self._p2p, self._io)
