@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--from-partial", action="store_true",
+                        help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
     args = parser.parse_args(argv)
     losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
@@ -151,8 +153,14 @@ def main(argv=None) -> int:
     total = len(losses) * len(levels) * seeds
     RESULTS.mkdir(parents=True, exist_ok=True)
     partial = RESULTS / "staleness_runs.partial.jsonl"  # survives an interrupted study
-    partial.write_text("")
-    for seed in range(seeds):
+    if args.from_partial:
+        runs = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+        losses = [l for l in losses if any(r["loss"] == l for r in runs)]
+        levels = [k for k in levels if any(r["staleness"] == k for r in runs)]
+        seeds = len({r["seed"] for r in runs})
+    else:
+        partial.write_text("")
+    for seed in range(0 if args.from_partial else seeds):
         for k in levels:
             for loss in losses:
                 run = run_one(loss, k, seed, args)
@@ -175,8 +183,11 @@ def main(argv=None) -> int:
           "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
           markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
           "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
+    if args.from_partial:
+        md.insert(1, f"**Interrupted study: {len(runs)} of {total} planned runs.** ")
     write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md))
-    partial.unlink()
+    if not args.from_partial:
+        partial.unlink()
     print("".join(md))
     return 0
 

@@ -113,6 +113,12 @@ class RolloutInbox:
         if not self._first_time(uid):
             self.stats.duplicates += 1
             return {"ok": False, "reason": "duplicate"}
+        try:
+            self._queue.put_nowait(group)  # the common case: room in the queue, no thread hop
+            self.stats.accepted[group.sampler_id] += 1
+            return {"ok": True}
+        except queue.Full:
+            pass
         loop = asyncio.get_running_loop()
         try:
             # blocks this stream (and so the sender) while the learner is behind: backpressure
@@ -155,11 +161,18 @@ class RolloutSender:
         if isinstance(peer_id, str):
             peer_id = PeerID.from_base58(peer_id)
         _, reader, writer = await self._p2p.call_binary_stream_handler(peer_id, self._name)
-        acks = []
-        try:
+
+        async def write_all() -> None:
+            # frames are pipelined: the next one goes out while earlier acks are still on their
+            # way back (one round trip per frame would cap a stream at ~1/latency groups per s)
             for frame in frames:
                 await P2P.send_raw_data(frame, writer)
-                acks.append(msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False))
+
+        async def read_acks() -> list[dict]:
+            return [msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False) for _ in frames]
+
+        try:
+            _, acks = await asyncio.gather(write_all(), read_acks())
         finally:
             writer.close()
         return acks
