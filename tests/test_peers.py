@@ -1,0 +1,91 @@
+"""The peers as real processes on loopback: a bootstrap node, a learner and a sampler train
+together; bad addresses and options fail fast with clear messages."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SWARM = [sys.executable, "-m", "swarm.cli"]
+ENV = dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def spawn(*args, log):
+    return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT, env=ENV, text=True)
+
+
+def wait_for_line(path, pattern, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        match = re.search(pattern, path.read_text())
+        if match:
+            return match
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"no {pattern!r} in {path.name}:\n{path.read_text()[-3000:]}")
+
+
+def test_bootstrap_learner_and_sampler_train_together(tmp_path):
+    procs = []
+    try:
+        boot_log = tmp_path / "boot.log"
+        with boot_log.open("w") as log:
+            procs.append(spawn("bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(tmp_path / "boot.key"),
+                               "--status-every", "2", log=log))
+        addr = wait_for_line(boot_log, r"--peers (\S+)", procs[0]).group(1)
+        learner_log = tmp_path / "learner.log"
+        with learner_log.open("w") as log:
+            procs.append(spawn("learner", "--peers", addr, "--steps", "3", "--groups-per-step", "4", "--run-dir",
+                               str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), log=log))
+        key = wait_for_line(learner_log, r"--learner-key (\S+)", procs[1]).group(1)
+        sampler_log = tmp_path / "sampler.log"
+        with sampler_log.open("w") as log:
+            sampler = subprocess.run([*SWARM, "sampler", "--peers", addr, "--learner-key", key, "--prompts-per-round", "4",
+                                      "--group-size", "4", "--rounds", "6", "--identity-dir", str(tmp_path / "sampler")],
+                                     stdout=log, stderr=subprocess.STDOUT, env=ENV, text=True, timeout=300)
+        assert sampler.returncode == 0, sampler_log.read_text()[-3000:]
+        assert procs[1].wait(timeout=120) == 0, learner_log.read_text()[-3000:]
+
+        steps = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
+        assert len(steps) == 3
+        assert "learner stopped at version 3" in learner_log.read_text()
+        sampler_out = sampler_log.read_text()
+        assert "now at version 1" in sampler_out  # picked up a new version mid-run
+        assert "refused by the learner: none" in sampler_out
+        assert re.search(r"1 learner\(s\), 1 sampler\(s\)", boot_log.read_text())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0="], "could not join the swarm through"),
+        (["learner", "--peers", DEAD], "could not join the swarm through"),
+        (["sampler", "--peers", DEAD, "--learner-key", "bm9wZQ=="], "not the token a learner prints"),
+        (["learner", "--peers", DEAD, "--loss", "ppo"], "unknown loss 'ppo'"),
+        (["learner"], "Missing option '--peers'"),
+    ],
+)
+def test_bad_addresses_and_options_fail_fast(args, message, tmp_path):
+    started = time.time()
+    out = subprocess.run([*SWARM, *args, "--identity-dir", str(tmp_path)] if args[1:] else [*SWARM, *args],
+                         capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert time.time() - started < 30
