@@ -33,6 +33,7 @@ def run_sampler(*, run_id: str, peers, learner_keys: list[bytes], identity_dir: 
     from swarm.fabric.records import MembershipPublisher
     from swarm.fabric.rollout_exchange import RolloutSender
     from swarm.fabric.versions import VersionStore, WeightClient, WeightServer, latest_announced
+    from swarm.fabric.weight_delta import CorruptVersion
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer
     from swarm.sampling import produce_rollouts
@@ -71,9 +72,17 @@ def run_sampler(*, run_id: str, peers, learner_keys: list[bytes], identity_dir: 
                 continue
             if store.latest != ann.version:
                 swap = time.time()
-                state = client.fetch(ann.peer_id, ann.version, ann.hash, store)
-                model.load_state_dict(state)
-                echo(f"{sampler_id}: now at version {ann.version} (swap {time.time() - swap:.2f}s)")
+                try:
+                    state = client.fetch(ann.peer_id, ann.version, ann.hash, store)
+                except (*UNREACHABLE, CorruptVersion, KeyError) as exc:  # fault-tolerance boundary
+                    echo(f"{sampler_id}: could not fetch version {ann.version} from {ann.peer_id} "
+                         f"({type(exc).__name__}: {exc}); retrying")
+                    if store.latest is None:
+                        time.sleep(2.0)
+                        continue
+                else:
+                    model.load_state_dict(state)
+                    echo(f"{sampler_id}: now at version {ann.version} (swap {time.time() - swap:.2f}s)")
             learner_peer = ann.peer_id
             batch = [problems[rng.randrange(len(problems))] for _ in range(prompts_per_round)]
             started = time.time()

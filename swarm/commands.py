@@ -242,7 +242,59 @@ def sampler_command(peers, learner_keys, run_id, sampler_id, prompts_per_round, 
                f"{result['version']}; refused by the learner: {result['refused'] or 'none'}")
 
 
+@click.command("status")
+@click.option("--peers", multiple=True, required=True, help="multiaddr of a bootstrap node or any peer (repeatable)")
+@click.option("--run-id", default="swarm", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+@click.option("--watch", default=None, type=click.FloatRange(min=1), help="refresh every this many seconds")
+def status_command(peers, run_id, as_json, watch):
+    """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer."""
+    import time
+
+    from swarm.fabric.dht import JoinError, start_dht
+    from swarm.fabric.records import list_members
+
+    with user_errors():
+        try:
+            dht, _ = start_dht(run_id, initial_peers=peers)
+        except JoinError as exc:
+            raise click.ClickException(str(exc)) from exc
+    try:
+        while True:
+            from hivemind.utils import get_dht_time
+
+            now = get_dht_time()
+            members = list_members(dht, run_id)
+            learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
+            rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
+                     "staleness": None if learner_version is None else learner_version - m.record.version,
+                     "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
+                     "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software} for m in members]
+            if as_json:
+                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
+            else:
+                from rich.console import Console
+                from rich.table import Table
+
+                table = Table(title=f"run '{run_id}': learner version {learner_version if learner_version is not None else '-'}, "
+                                    f"{len(rows)} peer(s)")
+                for col in ("role", "peer", "version", "staleness", "rollouts", "tokens/s", "last heartbeat"):
+                    table.add_column(col)
+                for r in rows:
+                    table.add_row(r["role"], r["peer_id"][-12:], str(r["version"]), str(r["staleness"]), str(r["rollouts"]),
+                                  str(r["tokens_per_s"]), f"{r['last_heartbeat_s']}s ago")
+                Console().print(table)
+            if not watch:
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dht.shutdown()
+
+
 def register_commands(main: click.Group) -> None:
+    main.add_command(status_command)
     main.add_command(learner_command)
     main.add_command(sampler_command)
     main.add_command(bootstrap_command)
