@@ -41,7 +41,7 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         addr = wait_for_line(boot_log, r"--peers (\S+)", procs[0]).group(1)
         learner_log = tmp_path / "learner.log"
         with learner_log.open("w") as log:
-            procs.append(spawn("learner", "--peers", addr, "--steps", "3", "--groups-per-step", "4", "--run-dir",
+            procs.append(spawn("learner", "--peers", addr, "--steps", "6", "--groups-per-step", "2", "--run-dir",
                                str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), log=log))
         key = wait_for_line(learner_log, r"--learner-key (\S+)", procs[1]).group(1)
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)
@@ -50,19 +50,18 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         assert report["learner_version"] == 0 and [p["role"] for p in report["peers"]] == ["learner"]
         sampler_log = tmp_path / "sampler.log"
         with sampler_log.open("w") as log:
-            sampler = subprocess.run([*SWARM, "sampler", "--peers", addr, "--learner-key", key, "--prompts-per-round", "4",
-                                      "--group-size", "4", "--rounds", "6", "--identity-dir", str(tmp_path / "sampler")],
-                                     stdout=log, stderr=subprocess.STDOUT, env=ENV, text=True, timeout=300)
-        assert sampler.returncode == 0, sampler_log.read_text()[-3000:]
-        assert procs[1].wait(timeout=120) == 0, learner_log.read_text()[-3000:]
+            procs.append(spawn("sampler", "--peers", addr, "--learner-key", key, "--prompts-per-round", "2",
+                               "--group-size", "4", "--identity-dir", str(tmp_path / "sampler"), log=log))
+        assert procs[1].wait(timeout=300) == 0, learner_log.read_text()[-3000:]
+        wait_for_line(sampler_log, r"now at version [1-9]", procs[2], timeout=30)  # followed the learner
+        procs[2].send_signal(signal.SIGTERM)  # a sampler runs until stopped
+        assert procs[2].wait(timeout=60) == 0, sampler_log.read_text()[-3000:]
 
-        steps = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
-        assert len(steps) == 3
-        assert "learner stopped at version 3" in learner_log.read_text()
+        steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+        assert [int(s["version"]) for s in steps] == [1, 2, 3, 4, 5, 6]
+        assert "learner stopped at version 6" in learner_log.read_text()
         sampler_out = sampler_log.read_text()
-        assert "now at version 1" in sampler_out  # picked up a new version mid-run
-        # the learner validated and used what the sampler sent; only groups sent after it had
-        # finished its 3 steps and left may have found it gone
+        # everything the learner refused is named; only groups sent after it left may be lost
         refused = re.search(r"refused by the learner: (.*)", sampler_out).group(1)
         assert refused == "none" or set(eval(refused)) == {"learner unreachable"}, refused
         assert re.search(r"1 learner\(s\), 1 sampler\(s\)", boot_log.read_text())
