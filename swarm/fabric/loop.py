@@ -53,3 +53,20 @@ def detach_p2p(p2p, io: BackgroundLoop) -> None:
     except Exception:  # noqa: BLE001  the daemon may already be gone
         pass
     io.stop()
+
+
+class HostedStreamHandler:
+    """A named binary stream handler on `dht`'s p2p daemon, served from its own loop thread."""
+
+    def __init__(self, dht, name: str, handler, *, thread_name: str) -> None:
+        self.name = name
+        self.io = BackgroundLoop(thread_name)
+        self.p2p = attach_p2p(dht, self.io)
+        self.io.run(self.p2p.add_binary_stream_handler(name, handler), timeout=30)
+
+    def close(self) -> None:
+        try:
+            self.io.run(self.p2p.remove_binary_stream_handler(self.name), timeout=10)
+        except Exception:  # noqa: BLE001  the daemon may already be gone
+            pass
+        detach_p2p(self.p2p, self.io)

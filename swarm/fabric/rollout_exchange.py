@@ -22,7 +22,7 @@ from typing import Sequence
 
 import msgpack
 
-from swarm.fabric.loop import BackgroundLoop, attach_p2p, detach_p2p
+from swarm.fabric.loop import BackgroundLoop, HostedStreamHandler, attach_p2p, detach_p2p
 from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
@@ -54,10 +54,7 @@ class RolloutInbox:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_uids
         self._lock = threading.Lock()
-        self._io = BackgroundLoop("rollout-inbox")
-        self._name = handler_name(run_id)
-        self._p2p = attach_p2p(dht, self._io)
-        self._io.run(self._p2p.add_binary_stream_handler(self._name, self._handle), timeout=30)
+        self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="rollout-inbox")
 
     def get(self, timeout: float | None = None) -> RolloutGroup | None:
         try:
@@ -132,11 +129,7 @@ class RolloutInbox:
         return {"ok": True}
 
     def close(self) -> None:
-        try:
-            self._io.run(self._p2p.remove_binary_stream_handler(self._name), timeout=10)
-        except Exception:  # noqa: BLE001  the daemon may already be gone
-            pass
-        detach_p2p(self._p2p, self._io)
+        self._host.close()
 
 
 class RolloutSender:

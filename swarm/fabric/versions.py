@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 import msgpack
 import torch
 
-from swarm.fabric.loop import BackgroundLoop, attach_p2p, detach_p2p
+from swarm.fabric.loop import BackgroundLoop, HostedStreamHandler, attach_p2p, detach_p2p
 from swarm.fabric.records import VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
 
@@ -110,10 +110,7 @@ class WeightServer:
     def __init__(self, dht, run_id: str, store: VersionStore) -> None:
         self.store = store
         self.served = 0
-        self._name = handler_name(run_id)
-        self._io = BackgroundLoop("weight-server")
-        self._p2p = attach_p2p(dht, self._io)
-        self._io.run(self._p2p.add_binary_stream_handler(self._name, self._handle), timeout=30)
+        self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         from hivemind.p2p import P2P
@@ -136,11 +133,7 @@ class WeightServer:
             writer.close()
 
     def close(self) -> None:
-        try:
-            self._io.run(self._p2p.remove_binary_stream_handler(self._name), timeout=10)
-        except Exception:  # noqa: BLE001
-            pass
-        detach_p2p(self._p2p, self._io)
+        self._host.close()
 
 
 class WeightClient:
