@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
     seeds = args.seeds or (1 if args.quick else 3)
-    args.steps = args.steps or (40 if args.quick else 80)
+    args.steps = args.steps or 40
     import torch
 
     torch.set_num_threads(2)
