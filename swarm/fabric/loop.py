@@ -70,3 +70,27 @@ class HostedStreamHandler:
         except Exception:  # noqa: BLE001  the daemon may already be gone
             pass
         detach_p2p(self.p2p, self.io)
+
+
+class StreamClient:
+    """Opens streams to a named handler on other peers, from its own loop thread."""
+
+    def __init__(self, dht, name: str, *, thread_name: str) -> None:
+        self.name = name
+        self.io = BackgroundLoop(thread_name)
+        self.p2p = attach_p2p(dht, self.io)
+
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        return self.io.run(coro, timeout)
+
+    async def open(self, peer_id):
+        """(reader, writer) of a new stream to `peer_id` (a PeerID or its base58 string)."""
+        from hivemind.p2p import PeerID
+
+        if isinstance(peer_id, str):
+            peer_id = PeerID.from_base58(peer_id)
+        _, reader, writer = await self.p2p.call_binary_stream_handler(peer_id, self.name)
+        return reader, writer
+
+    def close(self) -> None:
+        detach_p2p(self.p2p, self.io)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import msgpack
 
-from swarm.fabric.loop import BackgroundLoop, HostedStreamHandler, attach_p2p, detach_p2p
+from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
@@ -137,23 +137,19 @@ class RolloutSender:
 
     def __init__(self, dht, run_id: str, *, timeout_s: float = 60.0) -> None:
         self.timeout_s = timeout_s
-        self._name = handler_name(run_id)
-        self._io = BackgroundLoop("rollout-sender")
-        self._p2p = attach_p2p(dht, self._io)
+        self._client = StreamClient(dht, handler_name(run_id), thread_name="rollout-sender")
 
     def send(self, learner_peer_id, groups: Sequence[RolloutGroup]) -> list[dict]:
-        return self._io.run(self._send([encode_group(g) for g in groups], learner_peer_id), timeout=self.timeout_s)
+        return self._client.run(self._send([encode_group(g) for g in groups], learner_peer_id), timeout=self.timeout_s)
 
     def send_frames(self, learner_peer_id, frames: Sequence[bytes]) -> list[dict]:
         """Raw frames (tests use this to send malformed data)."""
-        return self._io.run(self._send(list(frames), learner_peer_id), timeout=self.timeout_s)
+        return self._client.run(self._send(list(frames), learner_peer_id), timeout=self.timeout_s)
 
     async def _send(self, frames: list[bytes], peer_id) -> list[dict]:
-        from hivemind.p2p import P2P, PeerID
+        from hivemind.p2p import P2P
 
-        if isinstance(peer_id, str):
-            peer_id = PeerID.from_base58(peer_id)
-        _, reader, writer = await self._p2p.call_binary_stream_handler(peer_id, self._name)
+        reader, writer = await self._client.open(peer_id)
 
         async def write_all() -> None:
             # frames are pipelined: the next one goes out while earlier acks are still on their
@@ -171,4 +167,4 @@ class RolloutSender:
         return acks
 
     def close(self) -> None:
-        detach_p2p(self._p2p, self._io)
+        self._client.close()

@@ -19,7 +19,7 @@ from typing import Iterable, Mapping
 import msgpack
 import torch
 
-from swarm.fabric.loop import BackgroundLoop, HostedStreamHandler, attach_p2p, detach_p2p
+from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
 
@@ -141,15 +141,13 @@ class WeightClient:
 
     def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0) -> None:
         self.timeout_s = timeout_s
-        self._name = handler_name(run_id)
-        self._io = BackgroundLoop("weight-client")
-        self._p2p = attach_p2p(dht, self._io)
+        self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
 
     def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> dict[str, torch.Tensor]:
         """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
         added) when what arrives does not rebuild `want_hash`; the caller tries another holder."""
         have = store.latest if store.latest is not None and store.latest < want else None
-        payloads = self._io.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
+        payloads = self._client.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
         state, version = (store.states[have] if have is not None else None), have
         built: list[tuple[int, dict, bytes]] = []
         for payload in payloads:
@@ -162,11 +160,9 @@ class WeightClient:
         return state
 
     async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
-        from hivemind.p2p import P2P, PeerID
+        from hivemind.p2p import P2P
 
-        if isinstance(peer_id, str):
-            peer_id = PeerID.from_base58(peer_id)
-        _, reader, writer = await self._p2p.call_binary_stream_handler(peer_id, self._name)
+        reader, writer = await self._client.open(peer_id)
         try:
             await P2P.send_raw_data(msgpack.packb({"have": have, "want": want}), writer)
             header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
@@ -177,4 +173,4 @@ class WeightClient:
             writer.close()
 
     def close(self) -> None:
-        detach_p2p(self._p2p, self._io)
+        self._client.close()
