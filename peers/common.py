@@ -4,9 +4,7 @@ as text (samplers are told which learner keys may publish weights)."""
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 
 def encode_learner_key(public_key_subkey: bytes) -> str:
@@ -24,23 +22,33 @@ def decode_learner_key(text: str) -> bytes:
     return raw
 
 
-@dataclass
-class Joined:
-    dht: object
-    validator: object  # RSASignatureValidator holding this peer's signing key
+def join(config, role: str):
+    """This peer's fabric (hivemind DHT + p2p streams) for `config` (a PeerConfig)."""
+    from swarm.fabric.hivemind_transport import join_hivemind
 
-    @property
-    def public_key(self) -> bytes:
-        return self.validator.local_public_key
+    return join_hivemind(config.run_id, config.peers, identity_dir(config), role, config.host, config.port,
+                         heartbeat_s=config.heartbeat_s)
 
 
-def join(run_id: str, peers: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1", port: int = 0) -> Joined:
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.identity import load_or_create_signing_key
+def identity_dir(config) -> Path:
+    from swarm.fabric.identity import default_identity_dir
 
-    identity_dir = Path(identity_dir)
-    key = load_or_create_signing_key(identity_dir / f"{role}.sign.key")
-    family = "ip6" if ":" in host else "ip4"
-    dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=[f"/{family}/{host}/tcp/{port}"],
-                               identity_path=identity_dir / f"{role}.p2p.key", signing_key=key)
-    return Joined(dht, validator)
+    return Path(config.identity_dir) if config.identity_dir else default_identity_dir()
+
+
+def load_problems(config, tokenizer, split: str = "train"):
+    """The task's problems for `split` (same ids on every peer, so a learner can check answers)."""
+    from swarm.tasks import load_task
+
+    problems = list(load_task(config.task, tokenizer=tokenizer, **config.task_options()).problems(split))
+    if not problems:
+        raise ValueError(f"task {config.task!r} has no {split} problems")
+    return problems
+
+
+def install_stop_signals(stop) -> None:
+    """SIGINT/SIGTERM set `stop`, so a peer finishes its round, checkpoints and leaves cleanly."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())

@@ -1,112 +1,170 @@
 """The sampler peer: holds a policy version, generates and scores rollout groups, streams them to
 the learner, and picks up new versions as they are announced (only versions announced under the
-learner keys it was given). It also serves the versions it holds, relaying them to other samplers."""
+learner keys it was given). It also serves the versions it holds, relaying them to other samplers.
+
+New versions are fetched by a background thread, so generation pauses only for the weight swap
+itself (a `load_state_dict` between two rounds). For experiments on one machine, the pickup of a
+version can be delayed by a random number of seconds (`pickup_delay`, the paper's log-normal
+latency model) and generation can lag a fixed number of versions behind (`lag_steps`).
+"""
 
 from __future__ import annotations
 
 import logging
 import random
-import signal
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 
-def _unreachable_errors() -> tuple[type[BaseException], ...]:
-    import asyncio
+class VersionFollower:
+    """Background thread: polls the learners' announcements and fetches each new version into
+    `store` (deltas when it can), stamping each with the time it may be used."""
 
-    from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+    def __init__(self, fabric, store, learner_keys: list[bytes], delay, rng: random.Random, *, echo, poll_s: float = 1.0):
+        self.fabric, self.store, self.keys, self.delay, self.rng, self.echo = fabric, store, learner_keys, delay, rng, echo
+        self.poll_s = poll_s
+        self.client = fabric.weight_client()
+        self.ready_at: dict[int, float] = {}
+        self.newest: int | None = None  # newest version announced
+        self.learner_peer: str | None = None
+        self.stop = threading.Event()
+        self._failures = 0
+        self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
+        self._thread.start()
 
-    return (ControlFailure, ConnectionError, TimeoutError, asyncio.IncompleteReadError, OSError)
+    def _run(self) -> None:
+        from swarm.fabric.weight_delta import CorruptVersion
+
+        unreachable = self.fabric.unreachable_errors()
+        while not self.stop.is_set():
+            try:
+                ann = self.fabric.latest_announced(self.keys)
+            except Exception as exc:  # noqa: BLE001  a DHT hiccup: try again next poll
+                logger.debug("announcement lookup failed: %s", exc)
+                ann = None
+            if ann is not None:
+                self.newest, self.learner_peer = ann.version, ann.peer_id
+                if self.store.latest is None or ann.version > self.store.latest:
+                    started = time.time()
+                    try:
+                        self.client.fetch(ann.peer_id, ann.version, ann.hash, self.store)
+                    except (*unreachable, CorruptVersion, KeyError) as exc:  # fault-tolerance boundary
+                        self._failures += 1
+                        if self._failures in (1, 10) or self._failures % 100 == 0:
+                            self.echo(f"could not fetch version {ann.version} from {ann.peer_id} ({type(exc).__name__}: {exc}); retrying")
+                    else:
+                        self._failures = 0
+                        ready = time.time() + self.delay.draw(self.rng)
+                        with self.store.lock:
+                            for v in self.store.states:
+                                self.ready_at.setdefault(v, ready)
+                        logger.info("fetched version %d in %.2fs", ann.version, time.time() - started)
+                        continue  # look again at once: the learner may be further ahead already
+            self.stop.wait(self.poll_s)
+
+    def usable(self, lag_steps: int) -> int | None:
+        """The newest held version whose pickup time has come and that is at least `lag_steps` behind
+        the newest announced one; else the oldest held (nothing older exists to honour the lag)."""
+        now = time.time()
+        with self.store.lock:
+            held = list(self.store.states)
+            if not held:
+                return None
+            limit = (self.newest if self.newest is not None else held[-1]) - lag_steps
+            ok = [v for v in held if self.ready_at.get(v, float("inf")) <= now and v <= limit]
+            return max(ok) if ok else None
+
+    def close(self) -> None:
+        self.stop.set()
+        self._thread.join(timeout=30)
+        self.client.close()
 
 
-def run_sampler(*, run_id: str, peers, learner_keys: list[bytes], identity_dir: Path, sampler_id: str,
-                prompts_per_round: int = 8, group_size: int = 8, max_new_tokens: int = 16, rounds: int | None = None,
-                wait_s: float = 60.0, host: str = "127.0.0.1", port: int = 0, echo=print,
-                stop: threading.Event | None = None) -> dict:
-    from peers.common import join
+def run_sampler(config, *, echo=print, stop: threading.Event | None = None) -> dict:
+    import os
+
+    from peers.common import decode_learner_key, install_stop_signals, join, load_problems
     from peers.generation import SamplingParams
     from peers.generation.transformers_backend import TransformersBackend
-    from swarm.fabric.records import MembershipPublisher
-    from swarm.fabric.rollout_exchange import RolloutSender
-    from swarm.fabric.versions import VersionStore, WeightClient, WeightServer, latest_announced
-    from swarm.fabric.weight_delta import CorruptVersion
+    from swarm.fabric.versions import VersionStore
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer
     from swarm.sampling import produce_rollouts
+    from swarm.staleness import SecondsDelay
     from swarm.tasks import shard_for_sampler
-    from swarm.tasks.synthetic import ArithmeticTask
 
-    UNREACHABLE = _unreachable_errors()
     stop = stop or threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    model, tokenizer = load_policy("embedded")
+    install_stop_signals(stop)
+    sampler_id = config.sampler_id or f"sampler-{os.getpid()}"
+    keys = [decode_learner_key(k) for k in config.learner_keys]
+    delay = SecondsDelay.parse(config.pickup_delay)
+    model, tokenizer = load_policy(config.model)
     backend = TransformersBackend(model, tokenizer)
     scorer = RewardScorer()
-    problems = shard_for_sampler(ArithmeticTask(2).problems("train"), sampler_id)
-    joined = join(run_id, peers, identity_dir, "sampler", host, port)
-    dht = joined.dht
-    store = VersionStore(capacity=4)
-    server = WeightServer(dht, run_id, store)  # relay what we hold
-    client = WeightClient(dht, run_id)
-    sender = RolloutSender(dht, run_id)
-    members = MembershipPublisher(dht, run_id, joined.public_key, heartbeat_s=5.0)
-    echo(f"sampler {sampler_id} ({dht.peer_id}) joined run '{run_id}'")
-    params = SamplingParams(num_completions=group_size, max_new_tokens=max_new_tokens)
+    problems = shard_for_sampler(load_problems(config, tokenizer), sampler_id)
+    fabric = join(config, "sampler")
+    simulating = delay.kind != "none" or config.lag_steps > 0
+    # holding many versions only matters for latency simulation (versions wait for their pickup time)
+    store = VersionStore(capacity=max(4, config.lag_steps + 2, 64 if simulating else 0))
+    server = fabric.weight_server(store)  # relay what we hold
+    sender = fabric.rollout_sender()
     rng = random.Random(sampler_id)
-    sent = done = 0
+    follower = VersionFollower(fabric, store, keys, delay, random.Random(f"{sampler_id}-delay"), echo=lambda m: echo(f"{sampler_id}: {m}"))
+    echo(f"sampler {sampler_id} ({fabric.peer_id}) joined run '{config.run_id}' ({fabric.transport})")
+    params = SamplingParams(num_completions=config.group_size, max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    unreachable = fabric.unreachable_errors()
+    current: int | None = None
+    sent = done = tokens_total = 0
     refused: Counter = Counter()
-    learner_peer = None
+    started_at = last_progress = time.time()
+    last_heartbeat = 0.0
     try:
-        deadline = time.time() + wait_s
-        while not stop.is_set() and (rounds is None or done < rounds):
-            ann = latest_announced(dht, run_id, learner_keys)
-            if ann is None:
-                if time.time() > deadline:
-                    raise TimeoutError(f"no learner announced a version within {wait_s:.0f}s; check --learner-key and --peers")
-                time.sleep(1.0)
+        while not stop.is_set() and (config.rounds is None or done < config.rounds):
+            choice = follower.usable(config.lag_steps)
+            if choice is None and current is None:
+                if time.time() - started_at > config.wait_s:
+                    raise TimeoutError(f"no version from a learner within {config.wait_s:.0f}s; check --learner-key and --peers")
+                stop.wait(0.5)
                 continue
-            if store.latest != ann.version:
+            if choice is not None and choice != current:
                 swap = time.time()
-                try:
-                    state = client.fetch(ann.peer_id, ann.version, ann.hash, store)
-                except (*UNREACHABLE, CorruptVersion, KeyError) as exc:  # fault-tolerance boundary
-                    echo(f"{sampler_id}: could not fetch version {ann.version} from {ann.peer_id} "
-                         f"({type(exc).__name__}: {exc}); retrying")
-                    if store.latest is None:
-                        time.sleep(2.0)
-                        continue
-                else:
-                    model.load_state_dict(state)
-                    echo(f"{sampler_id}: now at version {ann.version} (swap {time.time() - swap:.2f}s)")
-            learner_peer = ann.peer_id
-            batch = [problems[rng.randrange(len(problems))] for _ in range(prompts_per_round)]
-            started = time.time()
-            groups = produce_rollouts(backend, scorer, batch, params, version=store.latest, sampler_id=sampler_id)
-            tokens = sum(g.num_tokens() for g in groups)
+                with store.lock:
+                    state = store.states[choice]
+                model.load_state_dict(state)
+                echo(f"{sampler_id}: now at version {choice} (newest announced {follower.newest}, swap {time.time() - swap:.2f}s)")
+                current = choice
+            batch = [problems[rng.randrange(len(problems))] for _ in range(config.prompts_per_round)]
+            groups = produce_rollouts(backend, scorer, batch, params, version=current, sampler_id=sampler_id)
+            tokens_total += sum(g.num_tokens() for g in groups)
+            done += 1
             try:
-                acks = sender.send(learner_peer, groups)
-            except UNREACHABLE as exc:  # fault-tolerance boundary: the learner may be restarting
+                acks = sender.send(follower.learner_peer, groups)
+            except unreachable as exc:  # fault-tolerance boundary: the learner may be restarting
                 refused["learner unreachable"] += len(groups)
-                echo(f"{sampler_id}: learner {learner_peer} unreachable ({type(exc).__name__}); retrying with the newest announcement")
-                done += 1
-                time.sleep(2.0)
+                echo(f"{sampler_id}: learner {follower.learner_peer} unreachable ({type(exc).__name__}); retrying")
+                stop.wait(2.0)
                 continue
             sent += sum(a.get("ok", False) for a in acks)
             for ack in acks:
                 if not ack.get("ok"):
                     refused[ack.get("reason", "?")] += 1
-            done += 1
-            members.heartbeat(role="sampler", model="embedded", version=store.latest, rollouts=sent,
-                              tokens_per_s=tokens / max(time.time() - started, 1e-6))
+            now = time.time()
+            if now - last_heartbeat > fabric.heartbeat_s:
+                fabric.heartbeat(role="sampler", model=config.model[:256], version=current, rollouts=sent,
+                                 tokens_per_s=tokens_total / max(now - started_at, 1e-6))
+                last_heartbeat = now
+            if now - last_progress > config.progress_every_s:
+                behind = (follower.newest or current) - current
+                echo(f"{sampler_id}: version {current} ({behind} behind), {done * config.prompts_per_round / (now - started_at):.1f} groups/s, "
+                     f"{tokens_total / (now - started_at):.0f} tokens/s, {sent} accepted, refused {dict(refused) or 'none'}")
+                last_progress = now
     finally:
+        follower.close()
         sender.close()
-        client.close()
         server.close()
         scorer.close()
-        dht.shutdown()
-    return {"sent": sent, "rounds": done, "version": store.latest, "refused": dict(refused)}
+        fabric.shutdown()
+    return {"sent": sent, "rounds": done, "version": current, "refused": dict(refused)}

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import click
 
+from swarm.cli_config import config_from_options, config_options
+
 # Failures a user can fix get a clear message instead of a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError)
 
@@ -169,73 +171,44 @@ def bootstrap_command(host, port, identity, peers, run_id, status_every):
             raise click.ClickException(str(exc)) from exc
 
 
-def _identity_dir(path):
-    from pathlib import Path
-
-    from swarm.fabric.identity import default_identity_dir
-
-    return Path(path) if path else default_identity_dir()
-
-
 @click.command("learner")
-@click.option("--peers", multiple=True, required=True, help="multiaddr of a bootstrap node or any peer (repeatable)")
-@click.option("--run-id", default="swarm", show_default=True)
-@click.option("--loss", default="gepo", show_default=True)
-@click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--groups-per-step", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-staleness", default=64, show_default=True, type=click.IntRange(min=0), help="steps")
-@click.option("--max-age", default=1800.0, show_default=True, type=click.FloatRange(min=0), help="seconds")
-@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1))
-@click.option("--run-dir", type=click.Path(file_okay=False), help="default runs/learner-TIME")
-@click.option("--identity-dir", type=click.Path(file_okay=False), help="where this peer's keys live")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535))
-def learner_command(peers, run_id, loss, lr, groups_per_step, max_staleness, max_age, steps, run_dir, identity_dir, host, port):
-    """Train the policy on rollouts from samplers and publish each new version (embedded default)."""
+@config_options("learner")
+def learner_command(config_file, **options):
+    """Train the policy on rollouts from samplers and publish each new version.
+
+    Settings come from the options below, over a config file (--config), over the defaults; the
+    resolved configuration is written to the run directory as config.yaml."""
     import time
     from pathlib import Path
 
     from peers.learner import run_learner
     from swarm.fabric.dht import JoinError
-    from swarm.losses import LossConfig
 
+    config = config_from_options("learner", config_file, options)
+    if config.run_dir is None:
+        config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
     with user_errors():
-        LossConfig(name=loss)
         try:
-            result = run_learner(run_id=run_id, peers=peers, identity_dir=_identity_dir(identity_dir),
-                                 run_dir=Path(run_dir or f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}"), loss=loss, lr=lr,
-                                 groups_per_step=groups_per_step, max_staleness=max_staleness, max_age_s=max_age,
-                                 steps=steps, host=host, port=port, echo=click.echo)
+            result = run_learner(config, echo=click.echo)
         except JoinError as exc:
             raise click.ClickException(str(exc)) from exc
-    click.echo(f"learner stopped at version {result['version']} ({result['used']} groups used, dropped {result['dropped']})")
+    click.echo(f"learner stopped at version {result['version']} ({result['used']} groups used, dropped {result['dropped']}, "
+               f"refused on receipt {result['refused'] or 'none'}, banned {result['banned'] or 'none'}); run directory {result['run_dir']}")
 
 
 @click.command("sampler")
-@click.option("--peers", multiple=True, required=True, help="multiaddr of a bootstrap node or any peer (repeatable)")
-@click.option("--learner-key", "learner_keys", multiple=True, required=True, help="the key a learner prints (repeatable)")
-@click.option("--run-id", default="swarm", show_default=True)
-@click.option("--sampler-id", default=None, help="default: this peer's id")
-@click.option("--prompts-per-round", default=8, show_default=True, type=click.IntRange(min=1))
-@click.option("--group-size", default=8, show_default=True, type=click.IntRange(min=2))
-@click.option("--rounds", default=None, type=click.IntRange(min=1), help="stop after this many rounds (default: run until stopped)")
-@click.option("--identity-dir", type=click.Path(file_okay=False), help="where this peer's keys live")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535))
-def sampler_command(peers, learner_keys, run_id, sampler_id, prompts_per_round, group_size, rounds, identity_dir, host, port):
-    """Generate and score rollouts with the newest policy version and send them to the learner."""
-    import os
+@config_options("sampler")
+def sampler_command(config_file, **options):
+    """Generate and score rollouts with the newest policy version and send them to the learner.
 
-    from peers.common import decode_learner_key
+    Settings come from the options below, over a config file (--config), over the defaults."""
     from peers.sampler import run_sampler
     from swarm.fabric.dht import JoinError
 
+    config = config_from_options("sampler", config_file, options)
     with user_errors():
-        keys = [decode_learner_key(k) for k in learner_keys]
         try:
-            result = run_sampler(run_id=run_id, peers=peers, learner_keys=keys, identity_dir=_identity_dir(identity_dir),
-                                 sampler_id=sampler_id or f"sampler-{os.getpid()}", prompts_per_round=prompts_per_round,
-                                 group_size=group_size, rounds=rounds, host=host, port=port, echo=click.echo)
+            result = run_sampler(config, echo=click.echo)
         except (JoinError, TimeoutError) as exc:
             raise click.ClickException(str(exc)) from exc
     click.echo(f"sampler stopped: {result['sent']} groups accepted over {result['rounds']} rounds, at version "

@@ -30,6 +30,7 @@ class RolloutGroup:
     top_k: int = 0
     top_p: float = 1.0
     created_at: float = field(default_factory=time.time)  # seconds since the epoch
+    sender: str = ""  # the transport-authenticated peer it came from (set on receipt, not sent)
 
     @property
     def size(self) -> int:

@@ -70,10 +70,51 @@ class DelayDistribution:
             return self.k
         if self.kind == "uniform":
             return rng.randint(0, self.k)
-        mu = (math.log(self.low_s) + math.log(self.high_s)) / 2
-        sigma = (math.log(self.high_s) - math.log(self.low_s)) / 4
-        delay = min(self.high_s, max(self.low_s, rng.lognormvariate(mu, sigma)))
-        return int(round(delay / self.step_s))
+        return int(round(lognormal_between(rng, self.low_s, self.high_s) / self.step_s))
+
+
+def lognormal_between(rng: random.Random, low: float, high: float) -> float:
+    """The paper's delay model: log-normal with median sqrt(low * high) and the bounds at +-2 sigma,
+    clipped to [low, high]."""
+    mu = (math.log(low) + math.log(high)) / 2
+    sigma = (math.log(high) - math.log(low)) / 4
+    return min(high, max(low, rng.lognormvariate(mu, sigma)))
+
+
+@dataclass(frozen=True)
+class SecondsDelay:
+    """How long a sampler waits before it uses a newly announced version (latency simulation):
+    "none", "fixed:S", "uniform:S" (0..S) or "lognormal:LO,HI" (the paper's runs: 60,1920)."""
+
+    kind: str
+    low_s: float = 0.0
+    high_s: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> "SecondsDelay":
+        kind, _, args = spec.partition(":")
+        try:
+            if kind == "none" and not args:
+                return cls("none")
+            if kind in ("fixed", "uniform") and float(args) >= 0:
+                return cls(kind, high_s=float(args))
+            if kind == "lognormal":
+                low, high = (float(x) for x in args.split(","))
+                if 0 < low < high:
+                    return cls(kind, low_s=low, high_s=high)
+        except ValueError:
+            pass
+        raise ValueError(f"bad pickup delay {spec!r}; use 'none', 'fixed:S', 'uniform:S' or 'lognormal:LO,HI' "
+                         "in seconds (e.g. lognormal:6,192 for the paper's 60..1920 s scaled down 10x)")
+
+    def draw(self, rng: random.Random) -> float:
+        if self.kind == "none":
+            return 0.0
+        if self.kind == "fixed":
+            return self.high_s
+        if self.kind == "uniform":
+            return rng.uniform(0.0, self.high_s)
+        return lognormal_between(rng, self.low_s, self.high_s)
 
 
 class PolicyRing:

@@ -85,7 +85,7 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
         (["learner", "--peers", DEAD], "could not join the swarm through"),
         (["sampler", "--peers", DEAD, "--learner-key", "bm9wZQ=="], "not the token a learner prints"),
         (["learner", "--peers", DEAD, "--loss", "ppo"], "unknown loss 'ppo'"),
-        (["learner"], "Missing option '--peers'"),
+        (["learner"], "--peers: no --peers given"),
         (["status", "--peers", DEAD], "could not join the swarm through"),
     ],
 )

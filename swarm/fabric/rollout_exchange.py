@@ -7,7 +7,9 @@ and reads one small ack per frame. The learner side (`RolloutInbox`):
 - applies backpressure: a bounded queue; when it is full the handler stops reading, so the
   sender's writes block instead of the learner's memory growing, and after `put_timeout_s` the
   group is refused as "busy" (the sampler may retry later);
-- counts accepted and refused groups per sampler, so that bad peers can be identified.
+- counts accepted and refused groups per peer; a peer that keeps sending bad data (malformed
+  groups here, forged rewards reported by the learner through `penalize`) is banned for a while
+  (bans.py) and everything it sends meanwhile is refused unread.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Sequence
 
 import msgpack
 
+from swarm.fabric.bans import PeerBans
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
@@ -45,8 +48,10 @@ class RolloutInbox:
     """Receives rollout groups for a learner. `get(timeout)` hands them out, oldest first."""
 
     def __init__(self, dht, run_id: str, *, vocab_size: int, max_staleness: int = 64, capacity: int = 256,
-                 put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000) -> None:
+                 put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000,
+                 bans: PeerBans | None = None) -> None:
         self.vocab_size, self.max_staleness, self.limits = vocab_size, max_staleness, limits
+        self.bans = bans or PeerBans()
         self.put_timeout_s = put_timeout_s
         self.learner_version = 0  # set by the learner as it steps
         self.stats = InboxStats()
@@ -86,8 +91,7 @@ class RolloutInbox:
                     return  # the sender closed the stream
                 size = int.from_bytes(header, P2P.BYTEORDER)
                 if size > self.limits.max_frame_bytes:
-                    self.stats.refused[remote] += 1
-                    self.stats.reasons["oversized frame"] += 1
+                    self.penalize(remote, "oversized frame")
                     await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
                     return  # cannot resynchronise without reading it: drop the stream
                 frame = await reader.readexactly(size)  # a half-received frame raises here and is dropped
@@ -98,15 +102,32 @@ class RolloutInbox:
         finally:
             writer.close()
 
+    def penalize(self, peer: str, reason: str) -> None:
+        """Count a group refused for the sender's fault (malformed here, or forged rewards found by
+        the learner) against its sender; repeated offences ban it."""
+        self.stats.refused[peer] += 1
+        self.stats.reasons[reason] += 1
+        if peer and self.bans.strike(peer):
+            logger.warning("banned peer %s for %.0fs after repeated bad rollouts (last: %s)", peer, self.bans.ban_s, reason)
+
     async def _accept(self, frame: bytes, remote: str) -> dict:
+        left = self.bans.remaining(remote)
+        if left > 0:
+            self.stats.refused[remote] += 1
+            self.stats.reasons["banned"] += 1
+            return {"ok": False, "reason": f"banned for another {left:.0f}s after repeated bad rollouts"}
         try:
             uid, group = decode_group(frame, vocab_size=self.vocab_size, learner_version=self.learner_version,
                                       max_staleness=self.max_staleness, limits=self.limits)
         except InvalidRollout as exc:
-            self.stats.refused[remote] += 1
-            self.stats.reasons[str(exc)] += 1
             logger.info("refused a rollout group from %s: %s", remote, exc)
+            if exc.blame:
+                self.penalize(remote, str(exc))
+            else:
+                self.stats.refused[remote] += 1
+                self.stats.reasons["stale or future version"] += 1
             return {"ok": False, "reason": str(exc)}
+        group.sender = remote
         if not self._first_time(uid):
             self.stats.duplicates += 1
             return {"ok": False, "reason": "duplicate"}

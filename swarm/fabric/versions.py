@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -67,41 +68,48 @@ def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announc
 
 
 class VersionStore:
-    """The versions a peer holds: each one's weights and the delta that produced it."""
+    """The versions a peer holds: each one's weights and the delta that produced it. Thread-safe
+    (`lock` guards `states`): a weight server reads it while the peer adds versions."""
 
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
+        self.lock = threading.RLock()
         self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
         self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
         self.hashes: dict[int, str] = {}
 
     @property
     def latest(self) -> int | None:
-        return next(reversed(self.states)) if self.states else None
+        with self.lock:
+            return next(reversed(self.states)) if self.states else None
 
     def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None) -> str:
         """Hold `state` as `version` (computing the delta from version - 1 when held)."""
         state = {k: v.detach().cpu().clone() for k, v in state.items()}
-        if delta is None and (version - 1) in self.states:
-            delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
-        self.states[version] = state
-        self.hashes[version] = state_hash(state)
-        if delta is not None:
-            self.deltas[version] = delta
-        while len(self.states) > self.capacity:
-            old, _ = self.states.popitem(last=False)
-            self.hashes.pop(old, None)
-        for v in [v for v in self.deltas if v not in self.states]:
-            del self.deltas[v]
-        return self.hashes[version]
+        digest = state_hash(state)
+        with self.lock:
+            if delta is None and (version - 1) in self.states:
+                delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
+            self.states[version] = state
+            self.hashes[version] = digest
+            if delta is not None:
+                self.deltas[version] = delta
+            while len(self.states) > self.capacity:
+                old, _ = self.states.popitem(last=False)
+                self.hashes.pop(old, None)
+            for v in [v for v in self.deltas if v not in self.states]:
+                del self.deltas[v]
+            return digest
 
     def payloads(self, have: int | None, want: int) -> list[bytes]:
         """Deltas have+1..want when all are held, else a snapshot of `want`."""
-        if want not in self.states:
-            raise KeyError(f"version {want} is not held here")
-        if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
-            return [self.deltas[v] for v in range(have + 1, want + 1)]
-        return [encode_snapshot(self.states[want], want)]
+        with self.lock:
+            if want not in self.states:
+                raise KeyError(f"version {want} is not held here")
+            if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
+                return [self.deltas[v] for v in range(have + 1, want + 1)]
+            state = self.states[want]
+        return [encode_snapshot(state, want)]
 
 
 class WeightServer:
@@ -146,9 +154,11 @@ class WeightClient:
     def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> dict[str, torch.Tensor]:
         """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
         added) when what arrives does not rebuild `want_hash`; the caller tries another holder."""
-        have = store.latest if store.latest is not None and store.latest < want else None
+        with store.lock:
+            have = store.latest if store.latest is not None and store.latest < want else None
+            base = store.states[have] if have is not None else None
         payloads = self._client.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
-        state, version = (store.states[have] if have is not None else None), have
+        state, version = base, have
         built: list[tuple[int, dict, bytes]] = []
         for payload in payloads:
             version, state = apply_payload(payload, state)  # raises CorruptVersion on any mismatch

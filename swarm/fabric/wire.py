@@ -41,7 +41,12 @@ class WireLimits:
 
 
 class InvalidRollout(ValueError):
-    """A rollout group from a peer that must not be used; the message says why."""
+    """A rollout group from a peer that must not be used; the message says why. `blame` is False
+    for refusals an honest peer can cause (a slow sampler's group going stale in transit)."""
+
+    def __init__(self, reason: str, *, blame: bool = True) -> None:
+        super().__init__(reason)
+        self.blame = blame
 
 
 def encode_group(group: RolloutGroup, uid: str | None = None) -> bytes:
@@ -68,9 +73,9 @@ def encode_group(group: RolloutGroup, uid: str | None = None) -> bytes:
     )
 
 
-def _check(condition: bool, reason: str) -> None:
+def _check(condition: bool, reason: str, *, blame: bool = True) -> None:
     if not condition:
-        raise InvalidRollout(reason)
+        raise InvalidRollout(reason, blame=blame)
 
 
 def _str(obj: dict, key: str, max_len: int) -> str:
@@ -99,8 +104,9 @@ def decode_group(
     uid, pid, sid = _str(obj, "uid", 64), _str(obj, "pid", 256), _str(obj, "sid", 128)
     version = obj.get("ver")
     _check(isinstance(version, int) and not isinstance(version, bool) and version >= 0, "version must be an int >= 0")
-    _check(version <= learner_version, f"version {version} is from the future (learner is at {learner_version})")
-    _check(learner_version - version <= max_staleness, f"version {version} is {learner_version - version} steps stale (max {max_staleness})")
+    # neither is the sender's fault: a learner resumed from a checkpoint, a slow link
+    _check(version <= learner_version, f"version {version} is from the future (learner is at {learner_version})", blame=False)
+    _check(learner_version - version <= max_staleness, f"version {version} is {learner_version - version} steps stale (max {max_staleness})", blame=False)
     temperature, top_k, top_p, created = obj.get("t"), obj.get("tk"), obj.get("tp"), obj.get("at")
     _check(isinstance(temperature, float) and 0 < temperature <= 100, "temperature must be a float in (0, 100]")
     _check(isinstance(top_k, int) and top_k >= 0, "top_k must be an int >= 0")

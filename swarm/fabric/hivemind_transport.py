@@ -1,0 +1,98 @@
+"""The swarm fabric over hivemind: a DHT for membership and version announcements (signed,
+schema-checked records), libp2p streams for rollouts and weights. Peers talk to it through this
+one object, so another transport (gRPC) can stand in with the same methods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+
+class HivemindFabric:
+    transport = "hivemind"
+
+    def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float = 5.0) -> None:
+        from swarm.fabric.records import MembershipPublisher
+
+        self.dht, self.validator, self.run_id = dht, validator, run_id
+        self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
+
+    @property
+    def peer_id(self) -> str:
+        return self.dht.peer_id.to_base58()
+
+    @property
+    def public_key(self) -> bytes:
+        return self.validator.local_public_key
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self._members.heartbeat_s
+
+    def addresses(self) -> list[str]:
+        """What other peers pass to --peers to join through this one."""
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def heartbeat(self, **record) -> bool:
+        return self._members.heartbeat(**record)
+
+    def members(self):
+        from swarm.fabric.records import list_members
+
+        return list_members(self.dht, self.run_id)
+
+    def announce(self, version: int, digest: str) -> bool:
+        from swarm.fabric.versions import announce
+
+        return announce(self.dht, self.run_id, self.public_key, version, digest)
+
+    def latest_announced(self, learner_keys: Iterable[bytes]):
+        from swarm.fabric.versions import latest_announced
+
+        return latest_announced(self.dht, self.run_id, learner_keys)
+
+    def rollout_inbox(self, **options):
+        from swarm.fabric.rollout_exchange import RolloutInbox
+
+        return RolloutInbox(self.dht, self.run_id, **options)
+
+    def rollout_sender(self, **options):
+        from swarm.fabric.rollout_exchange import RolloutSender
+
+        return RolloutSender(self.dht, self.run_id, **options)
+
+    def weight_server(self, store):
+        from swarm.fabric.versions import WeightServer
+
+        return WeightServer(self.dht, self.run_id, store)
+
+    def weight_client(self, **options):
+        from swarm.fabric.versions import WeightClient
+
+        return WeightClient(self.dht, self.run_id, **options)
+
+    @staticmethod
+    def unreachable_errors() -> tuple[type[BaseException], ...]:
+        """What a call to a peer that is gone (or restarting) raises."""
+        import asyncio
+
+        from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+
+        return (ControlFailure, ConnectionError, TimeoutError, asyncio.IncompleteReadError, OSError)
+
+    def shutdown(self) -> None:
+        self.dht.shutdown()
+
+
+def join_hivemind(run_id: str, peers: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1",
+                  port: int = 0, *, heartbeat_s: float = 5.0) -> HivemindFabric:
+    """Start this peer's DHT node with its persistent keys (libp2p identity and record-signing key)."""
+    from swarm.fabric.dht import start_dht
+    from swarm.fabric.identity import load_or_create_signing_key
+
+    identity_dir = Path(identity_dir)
+    key = load_or_create_signing_key(identity_dir / f"{role}.sign.key")
+    family = "ip6" if ":" in host else "ip4"
+    dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=[f"/{family}/{host}/tcp/{port}"],
+                               identity_path=identity_dir / f"{role}.p2p.key", signing_key=key)
+    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s)
