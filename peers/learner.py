@@ -86,7 +86,9 @@ def run_learner(config, *, echo=print, stop: threading.Event | None = None) -> d
     store = VersionStore(capacity=max(8, min(config.max_staleness, 64) + 1))
     server = fabric.weight_server(store)
     inbox = fabric.rollout_inbox(vocab_size=len(tokenizer), max_staleness=config.max_staleness,
-                                 capacity=config.groups_per_step * 8,
+                                 # a short queue: backpressure holds samplers back instead of
+                                 # letting a backlog of old groups raise staleness
+                                 capacity=config.groups_per_step * 2,
                                  bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
     echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
     echo(f"samplers join with: --learner-key {encode_learner_key(fabric.public_key)}")
@@ -154,6 +156,9 @@ def run_learner(config, *, echo=print, stop: threading.Event | None = None) -> d
                 continue
             started = time.time()
             staleness = [core.version - g.version for g in batch]
+            warmup = min(1.0, (core.version + 1) / config.lr_warmup_steps) if config.lr_warmup_steps else 1.0
+            for param_group in core.optimizer.param_groups:  # by version, so a resumed run continues the schedule
+                param_group["lr"] = config.lr * warmup
             metrics = core.step(batch)
             totals["used"] += len(batch)
             totals["tokens_per_s"] = metrics["completion_tokens"] / max(time.time() - started, 1e-6)

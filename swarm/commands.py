@@ -80,70 +80,59 @@ def eval_command(model, task_name, split, limit, samples, temperature, max_new_t
 @click.option("--steps", default=60, show_default=True, type=click.IntRange(min=1), help="learner steps")
 @click.option("--loss", default="gepo", show_default=True, help="policy loss (gepo, grpo, gspo, ...)")
 @click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--prompts-per-step", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--prompts-per-step", default=32, show_default=True, type=click.IntRange(min=1), help="rollout groups per learner step")
 @click.option("--group-size", default=8, show_default=True, type=click.IntRange(min=2))
-@click.option("--delay", default="none", show_default=True, help="simulated staleness: none | fixed:K | uniform:K | lognormal:LO,HI,STEP_S")
-@click.option("--run-dir", type=click.Path(file_okay=False), help="where logs and the plot go (default runs/demo-TIME)")
-@click.option("--seed", default=0, show_default=True, type=int)
-def demo_command(steps, loss, lr, prompts_per_step, group_size, delay, run_dir, seed):
-    """Train the embedded policy with GEPO on this machine and show accuracy before and after.
+@click.option("--samplers", default=2, show_default=True, type=click.IntRange(1, 16), help="sampler processes")
+@click.option("--pickup-delay", default="none", show_default=True,
+              help="samplers' simulated latency before using a new version, seconds: none | fixed:S | uniform:S | lognormal:LO,HI")
+@click.option("--in-process", is_flag=True, help="train in this one process instead (no network; --delay simulates staleness)")
+@click.option("--delay", default="none", show_default=True, help="with --in-process: none | fixed:K | uniform:K | lognormal:LO,HI,STEP_S")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="where logs, checkpoints and the plot go (default runs/demo-TIME)")
+@click.option("--seed", default=0, show_default=True, type=int, help="with --in-process")
+def demo_command(steps, loss, lr, prompts_per_step, group_size, samplers, pickup_delay, in_process, delay, run_dir, seed):
+    """Train the embedded policy with GEPO on a whole local swarm and show accuracy before and after.
 
-    For now this runs sampler and learner in one process (the peer-to-peer swarm version is not
-    built yet); --delay simulates stale samplers."""
+    Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1 (Ctrl-C
+    stops them all), shows them train, then evaluates the first and the last version."""
     import time
     from pathlib import Path
 
-    with user_errors():
-        from swarm.local_training import LocalRunConfig
-        from swarm.losses import LossConfig
-
-        config = LocalRunConfig(loss=LossConfig(name=loss), steps=steps, lr=lr, prompts_per_step=prompts_per_step,
-                                group_size=group_size, delay=delay, seed=seed)
-        from swarm.staleness import DelayDistribution
-
-        DelayDistribution.parse(delay)
-    run_path = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_path.mkdir(parents=True, exist_ok=True)
-    (run_path / "config.json").write_text(config.model_dump_json(indent=2))
-    _run_demo(config, run_path)
-
-
-def _run_demo(config, run_path) -> None:
-    import json
-
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from swarm.local_training import run_local
-    from swarm.plots import plot_run
+    with user_errors():
+        from swarm.losses import LossConfig
+        from swarm.staleness import DelayDistribution, SecondsDelay
 
+        LossConfig(name=loss)
+        DelayDistribution.parse(delay)
+        SecondsDelay.parse(pickup_delay)
+    run_path = Path(run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_path.exists() and any(run_path.iterdir()):
+        raise click.ClickException(f"run directory {run_path} is not empty; choose another --run-dir")
+    run_path.mkdir(parents=True, exist_ok=True)
+    if in_process:
+        from swarm.local_training import LocalRunConfig
+
+        with user_errors():
+            config = LocalRunConfig(loss=LossConfig(name=loss), steps=steps, lr=lr, prompts_per_step=prompts_per_step,
+                                    group_size=group_size, delay=delay, seed=seed)
+        (run_path / "config.json").write_text(config.model_dump_json(indent=2))
+        from swarm.demo import run_in_process_demo
+
+        run_in_process_demo(config, run_path)
+        return
+    from swarm.demo import SwarmDemoOptions, print_result, run_swarm_demo
+
+    options = SwarmDemoOptions(steps=steps, loss=loss, lr=lr, groups_per_step=prompts_per_step, group_size=group_size,
+                               samplers=samplers, pickup_delay=pickup_delay)
     console = Console(stderr=True)
-    console.print(f"[bold]swarm demo[/]: {config.loss.name} on the embedded policy, {config.steps} steps of "
-                  f"{config.prompts_per_step} prompts x {config.group_size} completions, delay {config.delay}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as bar:
-        job = bar.add_task("training", total=config.steps, info="")
-        state = {"eval": ""}
-
-        def on_step(m):
-            bar.update(job, advance=1, info=f"reward {m['reward_mean']:.2f}  staleness {m['staleness_mean']:.1f}  {state['eval']}")
-
-        def on_eval(e):
-            state["eval"] = f"held-out pass@1 {e['pass_at_1']:.2f} (step {e['step']})"
-            bar.update(job, info=state["eval"])
-
-        result = run_local(config, run_dir=run_path, on_step=on_step, on_eval=on_eval)
-    (run_path / "evals.json").write_text(json.dumps(result["evals"], indent=2))
-    plot = plot_run(result["history"], result["evals"], run_path / "training.png", f"{config.loss.name}, delay {config.delay}")
-    first, last = result["evals"][0], result["evals"][-1]
-    table = Table(title="held-out accuracy (arithmetic test split)")
-    for col in ("", "before", "after"):
-        table.add_column(col, justify="right")
-    table.add_row(f"pass@1 (T={config.temperature:g})", f"{100 * first['pass_at_1']:.1f}%", f"{100 * last['pass_at_1']:.1f}%")
-    table.add_row("greedy", f"{100 * first['greedy_accuracy']:.1f}%", f"{100 * last['greedy_accuracy']:.1f}%")
-    Console().print(table)
-    Console().print(f"run directory: {run_path}  (steps.jsonl, evals.json, config.json, plot {plot.name})")
+    try:
+        result = run_swarm_demo(options, run_path, console=console)
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; all demo processes were stopped. Logs: {run_path / 'logs'}") from None
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    print_result(Console(), result, run_path)
 
 
 @click.command("bootstrap")

@@ -63,6 +63,7 @@ class PeerConfig(BaseModel):
 class LearnerConfig(PeerConfig):
     loss: str = Field("gepo", description="policy loss: gepo, grpo, gspo, dr_grpo, bnpo, gmpo, topr, cispo")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    lr_warmup_steps: int = Field(5, ge=0, description="linear learning-rate warm-up over the first versions")
     groups_per_step: int = Field(16, ge=1, description="rollout groups per optimizer step")
     max_staleness: int = Field(64, ge=0, description="groups more than this many versions behind are dropped")
     max_age_s: float = Field(1800.0, gt=0, description="groups older than this many seconds are dropped")

@@ -99,6 +99,8 @@ class RolloutInbox:
                 await P2P.send_raw_data(msgpack.packb(ack), writer)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.debug("rollout stream from %s broke: %s", remote, exc)
+        except asyncio.CancelledError:
+            pass  # the inbox is closing; ending quietly keeps asyncio from logging the cancellation
         finally:
             writer.close()
 
@@ -131,23 +133,22 @@ class RolloutInbox:
         if not self._first_time(uid):
             self.stats.duplicates += 1
             return {"ok": False, "reason": "duplicate"}
-        try:
-            self._queue.put_nowait(group)  # the common case: room in the queue, no thread hop
-            self.stats.accepted[group.sampler_id] += 1
-            return {"ok": True}
-        except queue.Full:
-            pass
-        loop = asyncio.get_running_loop()
-        try:
-            # blocks this stream (and so the sender) while the learner is behind: backpressure
-            await asyncio.wait_for(loop.run_in_executor(None, self._queue.put, group, True, self.put_timeout_s), self.put_timeout_s + 5)
-        except (queue.Full, asyncio.TimeoutError):
-            with self._lock:
-                self._seen.pop(uid, None)  # not delivered: the sampler may send it again
-            self.stats.reasons["busy"] += 1
-            return {"ok": False, "reason": "busy"}
-        self.stats.accepted[group.sampler_id] += 1
-        return {"ok": True}
+        # While the queue is full this stream (and so the sender) waits: backpressure. Polling, not a
+        # blocking put in a thread, so that closing the inbox never waits on a stuck put.
+        deadline = asyncio.get_running_loop().time() + self.put_timeout_s
+        while True:
+            try:
+                self._queue.put_nowait(group)
+                self.stats.accepted[group.sampler_id] += 1
+                return {"ok": True}
+            except queue.Full:
+                if asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+        with self._lock:
+            self._seen.pop(uid, None)  # not delivered: the sampler may send it again
+        self.stats.reasons["busy"] += 1
+        return {"ok": False, "reason": "busy"}
 
     def close(self) -> None:
         self._host.close()

@@ -137,6 +137,8 @@ class WeightServer:
             self.served += 1
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
             logger.debug("weight request from %s failed: %s", stream_info.peer_id, exc)
+        except asyncio.CancelledError:
+            pass  # the server is closing
         finally:
             writer.close()
 

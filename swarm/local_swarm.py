@@ -1,0 +1,107 @@
+"""A whole swarm on this machine as separate processes on loopback: one bootstrap node, one
+learner, N samplers, each a real `swarm` CLI process with its own log in the run directory.
+
+Process hygiene: every child gets its own session (so a Ctrl-C in the terminal reaches only the
+launcher, which then stops the children in order: samplers, learner, bootstrap) and, on Linux, a
+parent-death signal (so they also go if the launcher is killed outright). `stop()` sends SIGTERM,
+waits, and kills what is left; it only ever signals the processes it started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SWARM = [sys.executable, "-m", "swarm.cli"]
+
+
+def _die_with_parent() -> None:
+    """Child-side: ask Linux to SIGTERM this process when the launcher dies."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass  # not Linux: stop() still cleans up on a normal exit or Ctrl-C
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalSwarm:
+    run_dir: Path
+    run_id: str = "demo"
+    threads_per_peer: int = 1
+    procs: list[Proc] = field(default_factory=list)
+
+    def spawn(self, name: str, *args: str) -> Proc:
+        log = self.run_dir / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
+                   MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false")
+        with log.open("w") as out:
+            popen = subprocess.Popen([*SWARM, *args], stdout=out, stderr=subprocess.STDOUT, env=env, text=True,
+                                     start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def wait_for(self, proc: Proc, pattern: str, timeout: float = 120.0) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            match = re.search(pattern, proc.text())
+            if match:
+                return match
+            if proc.popen.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError(f"{proc.name} did not print {pattern!r} (exit status {proc.popen.poll()}); "
+                           f"its log {proc.log} ends with:\n{proc.text()[-2000:]}")
+
+    def start_bootstrap(self) -> str:
+        boot = self.spawn("bootstrap", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--run-id", self.run_id,
+                          "--identity", str(self.run_dir / "keys" / "bootstrap.p2p.key"), "--status-every", "10")
+        return self.wait_for(boot, r"--peers (\S+)").group(1)
+
+    def start_learner(self, peers: str, *options: str) -> tuple[Proc, str]:
+        learner = self.spawn("learner", "learner", "--peers", peers, "--run-id", self.run_id,
+                             "--identity-dir", str(self.run_dir / "keys" / "learner"), *options)
+        key = self.wait_for(learner, r"--learner-key (\S+)").group(1)
+        return learner, key
+
+    def start_sampler(self, name: str, peers: str, learner_key: str, *options: str) -> Proc:
+        return self.spawn(name, "sampler", "--peers", peers, "--learner-key", learner_key, "--run-id", self.run_id,
+                          "--sampler-id", name, "--identity-dir", str(self.run_dir / "keys" / name), *options)
+
+    def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
+        if proc.popen.poll() is None:
+            proc.popen.send_signal(signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=10)
+        return proc.popen.returncode
+
+    def stop_all(self) -> None:
+        """Samplers first (nothing more to send), then the learner (it checkpoints), then the rest."""
+        order = sorted(self.procs, key=lambda p: {"learner": 1, "bootstrap": 2}.get(p.name, 0))
+        for proc in order:
+            self.stop(proc)

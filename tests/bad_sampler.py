@@ -1,0 +1,73 @@
+"""A misbehaving sampler, run as its own process by the fault tests: it joins the swarm like a
+real sampler and sends the learner garbage frames and rollout groups whose rewards are forged
+(wrong answers claimed correct). Each ack it gets back is written as a JSON line to --out."""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def forged_group(problem, tokenizer, version: int, size: int = 4):
+    from swarm.rollouts import RolloutGroup
+
+    wrong = f"\\boxed{{{int(problem.answer) + 1}}}"  # scorable, and wrong
+    ids = tokenizer(wrong, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return RolloutGroup(problem_id=problem.problem_id, prompt_ids=tokenizer(problem.prompt)["input_ids"],
+                        completion_ids=[ids] * size, sampler_logprobs=[[-1.0] * len(ids)] * size, rewards=[1.0] * size,
+                        version=version, sampler_id="honest-looking-sampler", completion_texts=[wrong] * size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peers", required=True)
+    parser.add_argument("--learner-key", required=True)
+    parser.add_argument("--identity-dir", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    from peers.common import decode_learner_key, join
+    from swarm.config import SamplerConfig
+    from swarm.model.loading import load_policy
+    from swarm.tasks.synthetic import ArithmeticTask
+
+    config = SamplerConfig(peers=[args.peers], learner_keys=[args.learner_key], identity_dir=args.identity_dir,
+                           run_id=args.run_id)
+    _, tokenizer = load_policy("embedded")
+    problems = ArithmeticTask(2).problems("train")
+    fabric = join(config, "sampler")
+    sender = fabric.rollout_sender()
+    out = Path(args.out).open("w")
+    try:
+        ann = None
+        for _ in range(120):
+            ann = fabric.latest_announced([decode_learner_key(args.learner_key)])
+            if ann:
+                break
+            time.sleep(0.5)
+        if ann is None:
+            raise SystemExit("bad sampler: no learner announcement within 60 s")
+        print(f"bad sampler {fabric.peer_id} found learner {ann.peer_id}", flush=True)
+        for i in range(args.rounds):
+            ann = fabric.latest_announced([decode_learner_key(args.learner_key)]) or ann
+            try:
+                acks = sender.send_frames(ann.peer_id, [b"\x93garbage"])
+                acks += sender.send(ann.peer_id, [forged_group(problems[i], tokenizer, ann.version)])
+            except Exception as exc:  # noqa: BLE001  the learner finished and left
+                print(f"learner gone: {type(exc).__name__}", flush=True)
+                break
+            for ack in acks:
+                out.write(json.dumps(ack) + "\n")
+            out.flush()
+            time.sleep(1.0)
+    finally:
+        out.close()
+        sender.close()
+        fabric.shutdown()
+    print("bad sampler done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Faults survived by a real swarm of processes on loopback (bootstrap, learner, samplers started
+with the same launcher `swarm demo` uses): a sampler killed with SIGKILL, a sampler sending
+garbage and forged rewards, a learner killed and resumed from its checkpoint, the bootstrap node
+killed while a new sampler joins through another peer."""
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from swarm.local_swarm import LocalSwarm
+
+pytestmark = pytest.mark.slow
+SAMPLER = ("--prompts-per-round", "2", "--group-size", "4", "--progress-every-s", "1")
+
+
+def steps_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "steps.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_until(condition, timeout: float, what: str, swarm: LocalSwarm):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    logs = "\n".join(f"--- {p.name}:\n{p.text()[-1500:]}" for p in swarm.procs)
+    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+
+
+def crash(proc) -> None:
+    """SIGKILL a peer and everything it started (its DHT process and p2p daemon), as a machine
+    failure would; these are all processes this test started."""
+    tree = psutil.Process(proc.popen.pid)
+    victims = [tree, *tree.children(recursive=True)]
+    for p in victims:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=15)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def swarm(tmp_path):
+    local = LocalSwarm(tmp_path, run_id="faults")
+    try:
+        yield local
+    finally:
+        for proc in local.procs:  # a failed test may leave peers running: kill the whole trees
+            if proc.popen.poll() is None:
+                crash(proc)
+
+
+def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path):
+    run_dir = tmp_path / "learner"
+    addr = swarm.start_bootstrap()
+    learner, key = swarm.start_learner(addr, "--steps", "8", "--groups-per-step", "3", "--run-dir", str(run_dir),
+                                       "--checkpoint-every", "0", "--ban-after", "3")
+    swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
+    doomed = swarm.start_sampler("sampler-1", addr, key, *SAMPLER)
+    acks = tmp_path / "forger-acks.jsonl"
+    forger = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bad_sampler.py")), "--peers", addr, "--learner-key", key,
+                               "--run-id", swarm.run_id, "--identity-dir", str(tmp_path / "keys" / "forger"), "--rounds", "6", "--out", str(acks)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
+        crash(doomed)
+        killed_at = len(steps_of(run_dir))
+        out, _ = forger.communicate(timeout=240)
+        assert forger.returncode == 0, out
+        assert learner.popen.wait(timeout=300) == 0, learner.text()[-3000:]
+    finally:
+        if forger.poll() is None:
+            forger.kill()
+    steps = steps_of(run_dir)
+    assert [int(s["version"]) for s in steps] == list(range(1, 9))
+    assert len(steps) > killed_at  # trained on after the kill, on the surviving sampler
+    last = steps[-1]
+    forger_id = re.search(r"bad sampler (\S+)", out).group(1)
+    assert forger_id in last["banned"]
+    assert last["dropped"].get("reward mismatch", 0) >= 1  # forged rewards found by re-scoring
+    assert any(r.startswith("not a msgpack map") for r in last["inbox_refused"])  # garbage refused with a reason
+    replies = [json.loads(line) for line in acks.read_text().splitlines()]
+    assert replies[0] == {"ok": False, "reason": replies[0]["reason"]} and "msgpack" in replies[0]["reason"]
+    assert any("banned" in r.get("reason", "") for r in replies), replies  # then nothing more is read from it
+    assert "learner stopped at version 8" in learner.text()
+
+
+def test_learner_killed_and_resumed_continues_without_going_back(swarm, tmp_path):
+    run_dir = tmp_path / "learner"
+    port = str(free_port())  # the resumed learner comes back at the same address (and peer id)
+    options = ("--groups-per-step", "2", "--run-dir", str(run_dir), "--checkpoint-every", "2", "--port", port)
+    addr = swarm.start_bootstrap()
+    learner, key = swarm.start_learner(addr, "--steps", "12", *options)
+    sampler = swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
+    wait_until(lambda: len(steps_of(run_dir)) >= 5, 240, "five learner steps", swarm)
+    crash(learner)
+    published = json.loads((run_dir / "published.json").read_text())["version"]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints and not any(name.startswith(".tmp") for name in checkpoints)
+
+    resumed, key_again = swarm.start_learner(addr, "--steps", "12", "--resume", *options)
+    assert key_again == key  # same signing key: samplers keep following it
+    assert resumed.popen.wait(timeout=300) == 0, resumed.text()[-3000:]
+    versions = [int(s["version"]) for s in steps_of(run_dir)]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions), versions  # never backwards
+    assert versions[-1] == 12 and versions[versions.index(published) + 1] > published
+    assert "resumed from" in resumed.text()
+    behind = [int(v) for v in re.findall(r"now at version (\d+)", sampler.text())]
+    assert max(behind) > published  # the sampler caught up with the resumed learner
+
+
+def test_swarm_survives_bootstrap_loss_and_joins_through_a_peer(swarm, tmp_path):
+    run_dir = tmp_path / "learner"
+    addr = swarm.start_bootstrap()
+    learner, key = swarm.start_learner(addr, "--steps", "1000", "--groups-per-step", "2", "--run-dir", str(run_dir),
+                                       "--checkpoint-every", "0")
+    learner_addr = swarm.wait_for(learner, r"--peers (\S+)").group(1)
+    swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
+    wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
+    crash(swarm.procs[0])  # the bootstrap node
+    late = swarm.start_sampler("sampler-late", learner_addr, key, *SAMPLER)
+    accepted = wait_until(lambda: [int(n) for n in re.findall(r"(\d+) accepted", late.text()) if int(n) > 0], 240,
+                          "the late sampler's groups to be accepted", swarm)
+    at_join = len(steps_of(run_dir))
+    wait_until(lambda: len(steps_of(run_dir)) >= at_join + 2, 120, "two more learner steps", swarm)
+    assert swarm.stop(learner) == 0, learner.text()[-3000:]  # SIGTERM: a clean exit with a checkpoint
+    versions = [int(s["version"]) for s in steps_of(run_dir)]
+    assert versions == list(range(1, len(versions) + 1))
+    assert f"checkpoint: {run_dir / 'checkpoints' / f'version-{versions[-1]:06d}'}" in learner.text()
