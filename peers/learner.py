@@ -166,7 +166,7 @@ def run_learner(config, *, echo=print, stop: threading.Event | None = None) -> d
             last_heartbeat = time.time()
             rewards = [r for g in batch for r in g.rewards if r is not None]
             metrics.update(time=time.time(), accuracy=sum(r >= 0.5 for r in rewards) / max(len(rewards), 1),
-                           staleness_hist=staleness_histogram(staleness), used_total=totals["used"],
+                           staleness_min=min(staleness), staleness_hist=staleness_histogram(staleness), used_total=totals["used"],
                            dropped=dict(dropped), inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned())
             log.write(json.dumps(metrics) + "\n")
             log.flush()

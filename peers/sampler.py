@@ -19,6 +19,21 @@ from collections import Counter
 logger = logging.getLogger(__name__)
 
 
+def usable_version(held: list[int], ready_at: dict[int, float], newest: int | None, lag_steps: int, now: float,
+                   *, have_one: bool) -> int | None:
+    """The newest held version whose pickup time has come and that is at least `lag_steps` behind
+    the newest announced one. When none qualifies: None if the sampler already has a version (it
+    keeps it), else the oldest held one (a sampler must start with something, and while the
+    learner is younger than the lag nothing older exists)."""
+    if not held:
+        return None
+    limit = (newest if newest is not None else max(held)) - lag_steps
+    ok = [v for v in held if ready_at.get(v, float("inf")) <= now and v <= limit]
+    if ok:
+        return max(ok)
+    return None if have_one else min(held)
+
+
 class VersionFollower:
     """Background thread: polls the learners' announcements and fetches each new version into
     `store` (deltas when it can), stamping each with the time it may be used."""
@@ -65,17 +80,9 @@ class VersionFollower:
                         continue  # look again at once: the learner may be further ahead already
             self.stop.wait(self.poll_s)
 
-    def usable(self, lag_steps: int) -> int | None:
-        """The newest held version whose pickup time has come and that is at least `lag_steps` behind
-        the newest announced one; else the oldest held (nothing older exists to honour the lag)."""
-        now = time.time()
+    def usable(self, lag_steps: int, *, have_one: bool) -> int | None:
         with self.store.lock:
-            held = list(self.store.states)
-            if not held:
-                return None
-            limit = (self.newest if self.newest is not None else held[-1]) - lag_steps
-            ok = [v for v in held if self.ready_at.get(v, float("inf")) <= now and v <= limit]
-            return max(ok) if ok else None
+            return usable_version(list(self.store.states), self.ready_at, self.newest, lag_steps, time.time(), have_one=have_one)
 
     def close(self) -> None:
         self.stop.set()
@@ -123,7 +130,7 @@ def run_sampler(config, *, echo=print, stop: threading.Event | None = None) -> d
     last_heartbeat = 0.0
     try:
         while not stop.is_set() and (config.rounds is None or done < config.rounds):
-            choice = follower.usable(config.lag_steps)
+            choice = follower.usable(config.lag_steps, have_one=current is not None)
             if choice is None and current is None:
                 if time.time() - started_at > config.wait_s:
                     raise TimeoutError(f"no version from a learner within {config.wait_s:.0f}s; check --learner-key and --peers")

@@ -128,22 +128,23 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ValueError(f"config file {path}: use a .toml, .yaml/.yml or .json file")
     text = path.read_text()
     try:
         if path.suffix == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
 
             data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
         elif path.suffix == ".json":
             data = json.loads(text)
         else:
-            raise ValueError(f"config file {path}: use a .toml, .yaml/.yml or .json file")
-    except ValueError:
-        raise
+            import yaml
+
+            data = yaml.safe_load(text) or {}
     except Exception as exc:  # noqa: BLE001  each parser has its own error type
         raise ValueError(f"config file {path} could not be parsed: {exc}") from exc
     if not isinstance(data, dict):

@@ -68,9 +68,61 @@ def test_bad_input_names_itself_and_exits_nonzero(args, message):
     assert "Traceback" not in out.stderr
 
 
-def test_demo_trains_and_writes_its_run_directory(tmp_path):
+def peer_processes_of(run_dir) -> list:
+    """Processes whose command line names `run_dir` (the demo's peers all do)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     run_dir = tmp_path / "demo"
-    out = run("demo", "--steps", "2", "--prompts-per-step", "4", "--group-size", "2", "--delay", "fixed:1",
+    out = run("demo", "--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--run-dir", str(run_dir), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "before" in out.stdout and "after" in out.stdout and "version 0 -> 3" in out.stdout
+    steps = [json.loads(line) for line in (run_dir / "learner" / "steps.jsonl").read_text().splitlines()]
+    assert [int(s["version"]) for s in steps] == [1, 2, 3]
+    assert {p.name for p in (run_dir / "logs").iterdir()} == {"bootstrap.log", "learner.log", "sampler-0.log", "sampler-1.log"}
+    final = run_dir / "learner" / "checkpoints" / "version-000003"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert AutoModelForCausalLM.from_pretrained(final) is not None and AutoTokenizer.from_pretrained(final) is not None
+    evals = json.loads((run_dir / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [0, 3]
+    assert (run_dir / "training.png").stat().st_size > 10_000
+    assert peer_processes_of(run_dir) == []  # nothing left behind
+
+
+def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
+    import signal
+
+    run_dir = tmp_path / "demo"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--prompts-per-step", "2", "--group-size", "2", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    steps = run_dir / "learner" / "steps.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (steps.exists() and steps.read_text().count("\n") >= 2) and demo.poll() is None:
+        time.sleep(0.5)
+    assert demo.poll() is None, demo.stderr.read()[-3000:]
+    assert len(peer_processes_of(run_dir)) >= 4
+    demo.send_signal(signal.SIGINT)
+    _, err = demo.communicate(timeout=120)
+    assert demo.returncode == 1 and "interrupted; all demo processes were stopped" in err, err[-3000:]
+    assert peer_processes_of(run_dir) == []
+    assert list((run_dir / "learner" / "checkpoints").glob("version-*"))  # the learner saved on its way out
+
+
+def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):
+    run_dir = tmp_path / "demo"
+    out = run("demo", "--in-process", "--steps", "2", "--prompts-per-step", "4", "--group-size", "2", "--delay", "fixed:1",
               "--run-dir", str(run_dir))
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout and str(run_dir) in out.stdout
@@ -89,6 +141,7 @@ def test_demo_trains_and_writes_its_run_directory(tmp_path):
         (["demo", "--loss", "ppo"], "unknown loss 'ppo'; choose one of"),
         (["demo", "--delay", "poisson:3"], "bad delay distribution 'poisson:3'"),
         (["demo", "--steps", "0"], "Invalid value for '--steps'"),
+        (["demo", "--pickup-delay", "lognormal:5"], "bad pickup delay 'lognormal:5'"),
     ],
 )
 def test_demo_bad_options_name_themselves(args, message):

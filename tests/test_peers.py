@@ -98,3 +98,21 @@ def test_bad_addresses_and_options_fail_fast(args, message, tmp_path):
     assert message in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert time.time() - started < 30
+
+
+def test_sampler_lag_steps_keeps_its_rollouts_that_many_versions_behind(tmp_path):
+    from swarm.local_swarm import LocalSwarm
+
+    swarm = LocalSwarm(tmp_path, run_id="lag")
+    try:
+        addr = swarm.start_bootstrap()
+        learner, key = swarm.start_learner(addr, "--steps", "10", "--groups-per-step", "2", "--run-dir", str(tmp_path / "run"),
+                                           "--checkpoint-every", "0")
+        swarm.start_sampler("sampler-0", addr, key, "--prompts-per-round", "2", "--group-size", "4", "--lag-steps", "3")
+        assert learner.popen.wait(timeout=300) == 0, learner.text()[-3000:]
+    finally:
+        swarm.stop_all()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    late = [s for s in steps if s["version"] > 5]  # once versions 3 behind exist
+    assert late and all(s["staleness_min"] >= 3 for s in late), [s["staleness_min"] for s in steps]
+    assert all(sum(s["staleness_hist"].values()) == 2 for s in steps)

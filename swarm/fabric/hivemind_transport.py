@@ -88,11 +88,12 @@ def join_hivemind(run_id: str, peers: Sequence[str], identity_dir: Path, role: s
                   port: int = 0, *, heartbeat_s: float = 5.0) -> HivemindFabric:
     """Start this peer's DHT node with its persistent keys (libp2p identity and record-signing key)."""
     from swarm.fabric.dht import start_dht
-    from swarm.fabric.identity import load_or_create_signing_key
+    from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
 
     identity_dir = Path(identity_dir)
-    key = load_or_create_signing_key(identity_dir / f"{role}.sign.key")
+    stem = claim_identity_slot(identity_dir, role)
+    key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
     family = "ip6" if ":" in host else "ip4"
     dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=[f"/{family}/{host}/tcp/{port}"],
-                               identity_path=identity_dir / f"{role}.p2p.key", signing_key=key)
+                               identity_path=identity_dir / f"{stem}.p2p.key", signing_key=key)
     return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s)

@@ -41,3 +41,27 @@ def load_or_create_signing_key(path: Path):
                                                serialization.NoEncryption()))
     tmp.rename(path)
     return key
+
+
+_held_locks: list = []  # open lock files: the lock lasts as long as the process
+
+
+def claim_identity_slot(identity_dir: Path, role: str, max_slots: int = 64) -> str:
+    """A key-file stem for `role` that no other running peer in `identity_dir` uses: "sampler",
+    then "sampler-1", ... Two samplers started by hand on one machine must not share a peer id; a
+    restarted peer gets its old slot (and so its old peer id) back. Held by an flock until exit."""
+    import fcntl
+
+    identity_dir = Path(identity_dir)
+    identity_dir.mkdir(parents=True, exist_ok=True)
+    for slot in range(max_slots):
+        stem = role if slot == 0 else f"{role}-{slot}"
+        handle = open(identity_dir / f"{stem}.lock", "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        _held_locks.append(handle)
+        return stem
+    raise RuntimeError(f"{max_slots} {role}s already run from {identity_dir}; pass --identity-dir to give this one its own keys")
