@@ -34,15 +34,18 @@ def run_bootstrap(
     status_every_s: float = 60.0,
     echo: Callable[[str], None] = print,
     stop: threading.Event | None = None,
+    transport: str = "hivemind",
 ) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set). Prints the peer's multiaddrs first."""
     from swarm.fabric.dht import start_dht
     from swarm.fabric.records import list_members
 
-    dht, _ = start_dht(run_id, initial_peers=initial_peers, host_maddrs=listen_maddrs(host, port), identity_path=identity_path)
     stop = stop or threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if transport == "grpc":
+        return _run_registry(run_id=run_id, host=host, port=port, status_every_s=status_every_s, echo=echo, stop=stop)
+    dht, _ = start_dht(run_id, initial_peers=initial_peers, host_maddrs=listen_maddrs(host, port), identity_path=identity_path)
     try:
         echo(f"bootstrap node for run '{run_id}', peer id {dht.peer_id}")
         echo("peers join with:")
@@ -57,3 +60,23 @@ def run_bootstrap(
                  f"{roles['sampler']} sampler(s), learner version {max(versions) if versions else '-'}")
     finally:
         dht.shutdown()
+
+
+def _run_registry(*, run_id: str, host: str, port: int, status_every_s: float, echo, stop: threading.Event) -> None:
+    """The gRPC fallback: this node is the registry of membership records and version announcements."""
+    from swarm.fabric.grpc_transport import Registry, serve_registry
+
+    registry = Registry()
+    server, bound = serve_registry(registry, host, port)
+    try:
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        echo(f"bootstrap registry (gRPC) for run '{run_id}' on {host}:{bound}")
+        echo("peers join with (use this machine's address from elsewhere):")
+        echo(f"  --transport grpc --peers {shown}:{bound}")
+        started = time.time()
+        while not stop.wait(status_every_s):
+            roles = registry.counts(run_id)
+            echo(f"[{time.strftime('%H:%M:%S')}] up {int(time.time() - started)}s: {roles['learner']} learner(s), "
+                 f"{roles['sampler']} sampler(s)")
+    finally:
+        server.stop(grace=1.0).wait(5)

@@ -23,11 +23,13 @@ def decode_learner_key(text: str) -> bytes:
 
 
 def join(config, role: str):
-    """This peer's fabric (hivemind DHT + p2p streams) for `config` (a PeerConfig)."""
-    from swarm.fabric.hivemind_transport import join_hivemind
-
-    return join_hivemind(config.run_id, config.peers, identity_dir(config), role, config.host, config.port,
-                         heartbeat_s=config.heartbeat_s)
+    """This peer's fabric for `config` (a PeerConfig): hivemind (DHT + p2p streams) or gRPC."""
+    if config.transport == "grpc":
+        from swarm.fabric.grpc_peer import join_grpc as join_transport
+    else:
+        from swarm.fabric.hivemind_transport import join_hivemind as join_transport
+    return join_transport(config.run_id, config.peers, identity_dir(config), role, config.host, config.port,
+                          heartbeat_s=config.heartbeat_s)
 
 
 def identity_dir(config) -> Path:

@@ -85,11 +85,13 @@ def eval_command(model, task_name, split, limit, samples, temperature, max_new_t
 @click.option("--samplers", default=2, show_default=True, type=click.IntRange(1, 16), help="sampler processes")
 @click.option("--pickup-delay", default="none", show_default=True,
               help="samplers' simulated latency before using a new version, seconds: none | fixed:S | uniform:S | lognormal:LO,HI")
+@click.option("--transport", default="hivemind", show_default=True, type=click.Choice(["hivemind", "grpc"]),
+              help="how the demo's peers talk: hivemind (libp2p) or the gRPC fallback")
 @click.option("--in-process", is_flag=True, help="train in this one process instead (no network; --delay simulates staleness)")
 @click.option("--delay", default="none", show_default=True, help="with --in-process: none | fixed:K | uniform:K | lognormal:LO,HI,STEP_S")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="where logs, checkpoints and the plot go (default runs/demo-TIME)")
 @click.option("--seed", default=0, show_default=True, type=int, help="with --in-process")
-def demo_command(steps, loss, lr, prompts_per_step, group_size, samplers, pickup_delay, in_process, delay, run_dir, seed):
+def demo_command(steps, loss, lr, prompts_per_step, group_size, samplers, pickup_delay, transport, in_process, delay, run_dir, seed):
     """Train the embedded policy with GEPO on a whole local swarm and show accuracy before and after.
 
     Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1 (Ctrl-C
@@ -124,7 +126,7 @@ def demo_command(steps, loss, lr, prompts_per_step, group_size, samplers, pickup
     from swarm.demo import SwarmDemoOptions, print_result, run_swarm_demo
 
     options = SwarmDemoOptions(steps=steps, loss=loss, lr=lr, groups_per_step=prompts_per_step, group_size=group_size,
-                               samplers=samplers, pickup_delay=pickup_delay)
+                               samplers=samplers, pickup_delay=pickup_delay, transport=transport)
     console = Console(stderr=True)
     try:
         result = run_swarm_demo(options, run_path, console=console)
@@ -143,7 +145,9 @@ def demo_command(steps, loss, lr, prompts_per_step, group_size, samplers, pickup
 @click.option("--peers", multiple=True, help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
 @click.option("--run-id", default="swarm", show_default=True, help="the run whose members the status line counts")
 @click.option("--status-every", default=60.0, show_default=True, type=click.FloatRange(min=0.1), help="seconds between status lines")
-def bootstrap_command(host, port, identity, peers, run_id, status_every):
+@click.option("--transport", default="hivemind", show_default=True, type=click.Choice(["hivemind", "grpc"]),
+              help="grpc: act as the registry of a gRPC swarm (where libp2p cannot run)")
+def bootstrap_command(host, port, identity, peers, run_id, status_every, transport):
     """Start a bootstrap node: the DHT address other peers join through."""
     from pathlib import Path
 
@@ -155,7 +159,7 @@ def bootstrap_command(host, port, identity, peers, run_id, status_every):
     with user_errors():
         try:
             run_bootstrap(run_id=run_id, host=host, port=port, identity_path=identity_path, initial_peers=peers,
-                          status_every_s=status_every, echo=lambda line: click.echo(line, nl=True))
+                          status_every_s=status_every, echo=lambda line: click.echo(line, nl=True), transport=transport)
         except JoinError as exc:
             raise click.ClickException(str(exc)) from exc
 
@@ -209,24 +213,22 @@ def sampler_command(config_file, **options):
 @click.option("--run-id", default="swarm", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
 @click.option("--watch", default=None, type=click.FloatRange(min=1), help="refresh every this many seconds")
-def status_command(peers, run_id, as_json, watch):
+@click.option("--transport", default="hivemind", show_default=True, type=click.Choice(["hivemind", "grpc"]))
+def status_command(peers, run_id, as_json, watch, transport):
     """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer."""
     import time
 
-    from swarm.fabric.dht import JoinError, start_dht
-    from swarm.fabric.records import list_members
+    from swarm.fabric.dht import JoinError
 
     with user_errors():
         try:
-            dht, _ = start_dht(run_id, initial_peers=peers)
+            observer = _observer(transport, run_id, peers)
         except JoinError as exc:
             raise click.ClickException(str(exc)) from exc
     try:
         while True:
-            from hivemind.utils import get_dht_time
-
-            now = get_dht_time()
-            members = list_members(dht, run_id)
+            now = observer.now()
+            members = observer.members()
             learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
             rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
                      "staleness": None if learner_version is None else learner_version - m.record.version,
@@ -252,7 +254,31 @@ def status_command(peers, run_id, as_json, watch):
     except KeyboardInterrupt:
         pass
     finally:
-        dht.shutdown()
+        observer.shutdown()
+
+
+def _observer(transport: str, run_id: str, peers):
+    """Something with members(), now() and shutdown() that reads the swarm without joining it."""
+    from types import SimpleNamespace
+
+    if transport == "grpc":
+        import time
+
+        from hivemind.utils.crypto import RSAPrivateKey
+
+        from swarm.fabric.grpc_peer import GrpcFabric
+
+        if len(peers) != 1 or peers[0].startswith("/"):
+            raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+        fabric = GrpcFabric(peers[0], run_id, RSAPrivateKey(), serve=False)
+        return SimpleNamespace(members=fabric.members, now=time.time, shutdown=fabric.shutdown)
+    from hivemind.utils import get_dht_time
+
+    from swarm.fabric.dht import start_dht
+    from swarm.fabric.records import list_members
+
+    dht, _ = start_dht(run_id, initial_peers=peers)
+    return SimpleNamespace(members=lambda: list_members(dht, run_id), now=get_dht_time, shutdown=dht.shutdown)
 
 
 def register_commands(main: click.Group) -> None:

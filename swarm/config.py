@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROLES = ("learner", "sampler")
 
@@ -31,7 +31,9 @@ class PeerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    peers: list[str] = Field(default_factory=list, validate_default=True, description="multiaddr of a bootstrap node or any peer (repeatable)")
+    peers: list[str] = Field(default_factory=list, validate_default=True,
+                             description="multiaddr of a bootstrap node or any peer (repeatable); with --transport grpc, the registry's HOST:PORT")
+    transport: Literal["hivemind", "grpc"] = Field("hivemind", description="hivemind (libp2p) or grpc (fallback where libp2p cannot run)")
     run_id: str = Field("swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="the run to join")
     model: str = Field("embedded", description="policy: 'embedded', a model directory or a hub id (all peers the same)")
     task: str = Field("arithmetic", description="'arithmetic', a local jsonl/json/parquet/csv file or a dataset id")
@@ -47,12 +49,22 @@ class PeerConfig(BaseModel):
     @classmethod
     def _need_peers(cls, peers: list[str]) -> list[str]:
         if not peers:
-            raise ValueError("no --peers given: pass the multiaddr a bootstrap node (or any peer) prints, "
+            raise ValueError("no --peers given: pass the address a bootstrap node (or any peer) prints, "
                              "or set peers = [...] in the config file")
-        for addr in peers:
-            if not addr.startswith("/"):
-                raise ValueError(f"{addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
         return peers
+
+    @model_validator(mode="after")
+    def _peers_fit_transport(self):
+        for addr in self.peers:
+            if self.transport == "hivemind" and not addr.startswith("/"):
+                raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
+                                 "(or use --transport grpc with the registry's HOST:PORT)")
+            if self.transport == "grpc" and (addr.startswith("/") or ":" not in addr):
+                raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
+                                 "as `swarm bootstrap --transport grpc` prints it")
+        if self.transport == "grpc" and len(self.peers) > 1:
+            raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+        return self
 
     def task_options(self) -> dict:
         if self.task == "arithmetic":

@@ -27,6 +27,7 @@ class SwarmDemoOptions:
     eval_problems: int = 200
     eval_samples: int = 2
     max_new_tokens: int = 16
+    transport: str = "hivemind"
 
 
 def _eval(model: str, options: SwarmDemoOptions) -> dict:
@@ -81,10 +82,10 @@ def run_swarm_demo(options: SwarmDemoOptions, run_dir: Path, *, console) -> dict
     from swarm.plots import plot_run
 
     console.print(f"[bold]swarm demo[/]: a bootstrap node, a learner ({options.loss}) and {options.samplers} samplers as "
-                  f"processes on 127.0.0.1; logs in {run_dir / 'logs'}")
+                  f"processes on 127.0.0.1 over {options.transport}; logs in {run_dir / 'logs'}")
     console.print("accuracy of the embedded policy before training (held-out test split) ...")
     before = _eval("embedded", options)
-    swarm = LocalSwarm(run_dir)
+    swarm = LocalSwarm(run_dir, transport=options.transport)
     started = time.time()
     try:
         peers = swarm.start_bootstrap()

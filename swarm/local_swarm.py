@@ -49,6 +49,7 @@ class LocalSwarm:
     run_dir: Path
     run_id: str = "demo"
     threads_per_peer: int = 1
+    transport: str = "hivemind"
     procs: list[Proc] = field(default_factory=list)
 
     def spawn(self, name: str, *args: str) -> Proc:
@@ -77,18 +78,20 @@ class LocalSwarm:
 
     def start_bootstrap(self) -> str:
         boot = self.spawn("bootstrap", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--run-id", self.run_id,
-                          "--identity", str(self.run_dir / "keys" / "bootstrap.p2p.key"), "--status-every", "10")
+                          "--identity", str(self.run_dir / "keys" / "bootstrap.p2p.key"), "--status-every", "10",
+                          "--transport", self.transport)
         return self.wait_for(boot, r"--peers (\S+)").group(1)
 
     def start_learner(self, peers: str, *options: str) -> tuple[Proc, str]:
         learner = self.spawn("learner", "learner", "--peers", peers, "--run-id", self.run_id,
-                             "--identity-dir", str(self.run_dir / "keys" / "learner"), *options)
+                             "--identity-dir", str(self.run_dir / "keys" / "learner"), "--transport", self.transport, *options)
         key = self.wait_for(learner, r"--learner-key (\S+)").group(1)
         return learner, key
 
     def start_sampler(self, name: str, peers: str, learner_key: str, *options: str) -> Proc:
         return self.spawn(name, "sampler", "--peers", peers, "--learner-key", learner_key, "--run-id", self.run_id,
-                          "--sampler-id", name, "--identity-dir", str(self.run_dir / "keys" / name), *options)
+                          "--sampler-id", name, "--identity-dir", str(self.run_dir / "keys" / name),
+                          "--transport", self.transport, *options)
 
     def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
         if proc.popen.poll() is None:

@@ -44,10 +44,12 @@ class InboxStats:
     duplicates: int = 0
 
 
-class RolloutInbox:
-    """Receives rollout groups for a learner. `get(timeout)` hands them out, oldest first."""
+class InboxCore:
+    """What a learner's inbox does whatever the transport: validate each frame, deliver each group
+    at most once into a bounded queue, count and ban. `get(timeout)` hands groups out, oldest first.
+    Transports feed frames to `accept` (asyncio handlers) or `accept_blocking` (threaded servers)."""
 
-    def __init__(self, dht, run_id: str, *, vocab_size: int, max_staleness: int = 64, capacity: int = 256,
+    def __init__(self, *, vocab_size: int, max_staleness: int = 64, capacity: int = 256,
                  put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000,
                  bans: PeerBans | None = None) -> None:
         self.vocab_size, self.max_staleness, self.limits = vocab_size, max_staleness, limits
@@ -59,7 +61,6 @@ class RolloutInbox:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_uids
         self._lock = threading.Lock()
-        self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="rollout-inbox")
 
     def get(self, timeout: float | None = None) -> RolloutGroup | None:
         try:
@@ -79,31 +80,6 @@ class RolloutInbox:
                 self._seen.popitem(last=False)
             return True
 
-    async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from hivemind.p2p import P2P
-
-        remote = str(stream_info.peer_id)
-        try:
-            while True:
-                try:
-                    header = await reader.readexactly(P2P.HEADER_LEN)
-                except asyncio.IncompleteReadError:
-                    return  # the sender closed the stream
-                size = int.from_bytes(header, P2P.BYTEORDER)
-                if size > self.limits.max_frame_bytes:
-                    self.penalize(remote, "oversized frame")
-                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
-                    return  # cannot resynchronise without reading it: drop the stream
-                frame = await reader.readexactly(size)  # a half-received frame raises here and is dropped
-                ack = await self._accept(frame, remote)
-                await P2P.send_raw_data(msgpack.packb(ack), writer)
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            logger.debug("rollout stream from %s broke: %s", remote, exc)
-        except asyncio.CancelledError:
-            pass  # the inbox is closing; ending quietly keeps asyncio from logging the cancellation
-        finally:
-            writer.close()
-
     def penalize(self, peer: str, reason: str) -> None:
         """Count a group refused for the sender's fault (malformed here, or forged rewards found by
         the learner) against its sender; repeated offences ban it."""
@@ -112,7 +88,8 @@ class RolloutInbox:
         if peer and self.bans.strike(peer):
             logger.warning("banned peer %s for %.0fs after repeated bad rollouts (last: %s)", peer, self.bans.ban_s, reason)
 
-    async def _accept(self, frame: bytes, remote: str) -> dict:
+    def _admit(self, frame: bytes, remote: str):
+        """(uid, group) to enqueue, or the ack refusing the frame."""
         left = self.bans.remaining(remote)
         if left > 0:
             self.stats.refused[remote] += 1
@@ -133,22 +110,78 @@ class RolloutInbox:
         if not self._first_time(uid):
             self.stats.duplicates += 1
             return {"ok": False, "reason": "duplicate"}
+        return uid, group
+
+    def _delivered(self, uid: str, group: RolloutGroup, ok: bool) -> dict:
+        if ok:
+            self.stats.accepted[group.sampler_id] += 1
+            return {"ok": True}
+        with self._lock:
+            self._seen.pop(uid, None)  # not delivered: the sampler may send it again
+        self.stats.reasons["busy"] += 1
+        return {"ok": False, "reason": "busy"}
+
+    async def accept(self, frame: bytes, remote: str) -> dict:
+        admitted = self._admit(frame, remote)
+        if isinstance(admitted, dict):
+            return admitted
+        uid, group = admitted
         # While the queue is full this stream (and so the sender) waits: backpressure. Polling, not a
         # blocking put in a thread, so that closing the inbox never waits on a stuck put.
         deadline = asyncio.get_running_loop().time() + self.put_timeout_s
         while True:
             try:
                 self._queue.put_nowait(group)
-                self.stats.accepted[group.sampler_id] += 1
-                return {"ok": True}
+                return self._delivered(uid, group, True)
             except queue.Full:
                 if asyncio.get_running_loop().time() > deadline:
-                    break
+                    return self._delivered(uid, group, False)
                 await asyncio.sleep(0.02)
-        with self._lock:
-            self._seen.pop(uid, None)  # not delivered: the sampler may send it again
-        self.stats.reasons["busy"] += 1
-        return {"ok": False, "reason": "busy"}
+
+    def accept_blocking(self, frame: bytes, remote: str) -> dict:
+        """The same, for a server thread: blocks while the queue is full (up to put_timeout_s)."""
+        admitted = self._admit(frame, remote)
+        if isinstance(admitted, dict):
+            return admitted
+        uid, group = admitted
+        try:
+            self._queue.put(group, timeout=self.put_timeout_s)
+            return self._delivered(uid, group, True)
+        except queue.Full:
+            return self._delivered(uid, group, False)
+
+
+class RolloutInbox(InboxCore):
+    """The inbox served over hivemind p2p streams (handler `handler_name(run_id)`)."""
+
+    def __init__(self, dht, run_id: str, **options) -> None:
+        super().__init__(**options)
+        self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="rollout-inbox")
+
+    async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        remote = str(stream_info.peer_id)
+        try:
+            while True:
+                try:
+                    header = await reader.readexactly(P2P.HEADER_LEN)
+                except asyncio.IncompleteReadError:
+                    return  # the sender closed the stream
+                size = int.from_bytes(header, P2P.BYTEORDER)
+                if size > self.limits.max_frame_bytes:
+                    self.penalize(remote, "oversized frame")
+                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
+                    return  # cannot resynchronise without reading it: drop the stream
+                frame = await reader.readexactly(size)  # a half-received frame raises here and is dropped
+                ack = await self.accept(frame, remote)
+                await P2P.send_raw_data(msgpack.packb(ack), writer)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            logger.debug("rollout stream from %s broke: %s", remote, exc)
+        except asyncio.CancelledError:
+            pass  # the inbox is closing; ending quietly keeps asyncio from logging the cancellation
+        finally:
+            writer.close()
 
     def close(self) -> None:
         self._host.close()

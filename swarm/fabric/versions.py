@@ -49,17 +49,22 @@ def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: s
 
 def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announced | None:
     """The newest version announced under one of `learner_keys`; everything else is ignored."""
-    allowed = set(learner_keys)
     found = dht.get(versions_key(run_id), latest=True)
     if found is None or not isinstance(found.value, dict):
         return None
+    return newest_authorised(((subkey, item.value) for subkey, item in found.value.items()), learner_keys)
+
+
+def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterable[bytes]) -> Announced | None:
+    """Of (owner key, announcement) pairs, the newest well-formed one whose owner is a learner key."""
+    allowed = set(learner_keys)
     best = None
-    for subkey, item in found.value.items():
-        if subkey not in allowed:
+    for owner, value in items:
+        if owner not in allowed:
             logger.debug("ignoring a version announcement by an unauthorised key")
             continue
         try:
-            ann = VersionAnnouncement.parse_obj(item.value)
+            ann = VersionAnnouncement.parse_obj(value)
         except Exception:  # noqa: BLE001
             continue
         if best is None or ann.version > best.version:
@@ -146,12 +151,12 @@ class WeightServer:
         self._host.close()
 
 
-class WeightClient:
-    """Fetches a version from a holder and rebuilds it against what this peer already holds."""
+class RebuildingClient:
+    """Fetches a version from a holder and rebuilds it against what this peer already holds;
+    transports supply `_payloads(holder, have, want)`."""
 
-    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0) -> None:
-        self.timeout_s = timeout_s
-        self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
+    def _payloads(self, holder_peer_id, have: int | None, want: int) -> list[bytes]:
+        raise NotImplementedError
 
     def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> dict[str, torch.Tensor]:
         """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
@@ -159,7 +164,7 @@ class WeightClient:
         with store.lock:
             have = store.latest if store.latest is not None and store.latest < want else None
             base = store.states[have] if have is not None else None
-        payloads = self._client.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
+        payloads = self._payloads(holder_peer_id, have, want)
         state, version = base, have
         built: list[tuple[int, dict, bytes]] = []
         for payload in payloads:
@@ -170,6 +175,17 @@ class WeightClient:
         for v, s, payload in built:  # only a fully verified chain is kept
             store.add(v, s, delta=payload if payload_header(payload)["kind"] == "delta" else None)
         return state
+
+
+class WeightClient(RebuildingClient):
+    """Fetches versions over hivemind p2p streams."""
+
+    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0) -> None:
+        self.timeout_s = timeout_s
+        self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
+
+    def _payloads(self, holder_peer_id, have: int | None, want: int) -> list[bytes]:
+        return self._client.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
 
     async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
         from hivemind.p2p import P2P

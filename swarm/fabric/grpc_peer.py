@@ -1,0 +1,303 @@
+"""A peer of a gRPC swarm (see grpc_transport.py): its own server for rollouts and weights, the
+clients that reach other peers and the registry, and `GrpcFabric`, which gives peers the same
+methods as `HivemindFabric`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from swarm.fabric.grpc_transport import (
+    CHUNK_BYTES,
+    PEER_HEADER,
+    SERVICE,
+    _bind,
+    _new_server,
+    _options,
+    owner_key,
+    pack,
+    unpack,
+    verify_owner_signature,
+)
+from swarm.fabric.rollout_exchange import InboxCore
+from swarm.fabric.versions import Announced, RebuildingClient, newest_authorised
+
+logger = logging.getLogger(__name__)
+
+
+class _Channels:
+    """One channel per remote address, reused across calls."""
+
+    def __init__(self) -> None:
+        self._channels: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, address: str):
+        import grpc
+
+        with self._lock:
+            if address not in self._channels:
+                self._channels[address] = grpc.insecure_channel(address, options=_options())
+            return self._channels[address]
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+
+class GrpcPeerServer:
+    """This peer's server. Services are attached later (`rollouts`, `weights`); until then a call
+    is answered UNIMPLEMENTED, as a peer without that role would."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import grpc
+
+        self.rollout_handler = None  # fn(frames iterator, remote) -> acks iterator
+        self.weight_handler = None  # fn(request dict) -> messages iterator
+        handlers = {
+            "Rollouts": grpc.stream_stream_rpc_method_handler(self._rollouts, request_deserializer=None, response_serializer=pack),
+            "Weights": grpc.unary_stream_rpc_method_handler(self._weights, request_deserializer=unpack, response_serializer=None),
+        }
+        self.server = _new_server()
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Peer", handlers)])
+        self.port = _bind(self.server, host, port)
+        self.address = f"{host}:{self.port}"
+        self.server.start()
+
+    def _rollouts(self, frames: Iterator[bytes], context):
+        import grpc
+
+        if self.rollout_handler is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this peer takes no rollouts (not a learner)")
+        remote = dict(context.invocation_metadata()).get(PEER_HEADER) or context.peer()
+        yield from self.rollout_handler(frames, remote)
+
+    def _weights(self, request: dict, context):
+        import grpc
+
+        if self.weight_handler is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this peer serves no weights")
+        yield from self.weight_handler(request)
+
+    def stop(self) -> None:
+        self.server.stop(grace=1.0).wait(5)
+
+
+class GrpcRolloutInbox(InboxCore):
+    """A learner's inbox on its gRPC server. Backpressure: a full queue blocks the server thread,
+    which stops reading the sender's stream, and gRPC flow control holds the sender back. Bans key
+    on the address a sender claims (gRPC has no peer authentication: see the README)."""
+
+    def __init__(self, server: GrpcPeerServer, **options) -> None:
+        super().__init__(**options)
+        self._server = server
+        server.rollout_handler = self._handle
+
+    def _handle(self, frames: Iterator[bytes], remote: str):
+        for frame in frames:
+            if len(frame) > self.limits.max_frame_bytes:
+                self.penalize(remote, "oversized frame")
+                yield {"ok": False, "reason": f"frame of {len(frame)} bytes exceeds {self.limits.max_frame_bytes}"}
+                continue
+            yield self.accept_blocking(frame, remote)
+
+    def close(self) -> None:
+        self._server.rollout_handler = None
+
+
+class GrpcRolloutSender:
+    def __init__(self, channels: _Channels, own_address: str, *, timeout_s: float = 60.0) -> None:
+        self._channels, self._own, self.timeout_s = channels, own_address, timeout_s
+
+    def send(self, learner_address: str, groups) -> list[dict]:
+        from swarm.fabric.wire import encode_group
+
+        return self.send_frames(learner_address, [encode_group(g) for g in groups])
+
+    def send_frames(self, learner_address: str, frames: Sequence[bytes]) -> list[dict]:
+        call = self._channels.get(learner_address).stream_stream(f"/{SERVICE}.Peer/Rollouts", request_serializer=None,
+                                                                 response_deserializer=unpack)
+        return list(call(iter(list(frames)), timeout=self.timeout_s, metadata=((PEER_HEADER, self._own),)))
+
+    def close(self) -> None:
+        pass  # channels belong to the fabric
+
+
+class GrpcWeightServer:
+    """Serves the versions in `store`: a header (count and size of each payload), then chunks."""
+
+    def __init__(self, server: GrpcPeerServer, store) -> None:
+        self.store, self.served, self._server = store, 0, server
+        server.weight_handler = self._handle
+
+    def _handle(self, request: dict):
+        have, want = request.get("have"), request.get("want")
+        try:
+            payloads = self.store.payloads(have if isinstance(have, int) else None, int(want))
+        except (KeyError, TypeError, ValueError) as exc:
+            yield pack({"ok": False, "reason": str(exc)})
+            return
+        yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
+        for payload in payloads:
+            for start in range(0, len(payload), CHUNK_BYTES):
+                yield payload[start : start + CHUNK_BYTES]
+        self.served += 1
+
+    def close(self) -> None:
+        self._server.weight_handler = None
+
+
+class GrpcWeightClient(RebuildingClient):
+    def __init__(self, channels: _Channels, *, timeout_s: float = 120.0) -> None:
+        self._channels, self.timeout_s = channels, timeout_s
+
+    def _payloads(self, holder_address: str, have: int | None, want: int) -> list[bytes]:
+        call = self._channels.get(holder_address).unary_stream(f"/{SERVICE}.Peer/Weights", request_serializer=pack,
+                                                               response_deserializer=None)
+        messages = call({"have": have, "want": want}, timeout=self.timeout_s)
+        header = unpack(next(messages))
+        if not header.get("ok"):
+            raise KeyError(f"holder {holder_address} cannot serve version {want}: {header.get('reason')}")
+        payloads = []
+        for size in header["sizes"]:
+            parts, got = [], 0
+            while got < size:
+                chunk = next(messages)  # StopIteration (a cut stream) is an incomplete transfer
+                parts.append(chunk)
+                got += len(chunk)
+            payloads.append(b"".join(parts))  # a wrong size or content fails the hash check
+        return payloads
+
+    def close(self) -> None:
+        pass
+
+
+class GrpcFabric:
+    transport = "grpc"
+
+    def __init__(self, registry: str, run_id: str, signing_key, *, host: str = "127.0.0.1", port: int = 0,
+                 heartbeat_s: float = 5.0, expiry_heartbeats: float = 3.0, serve: bool = True, timeout_s: float = 10.0) -> None:
+        self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
+        self.heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
+        self.channels = _Channels()
+        self.server = GrpcPeerServer(host, port) if serve else None
+        self._token = ""
+        self._check_registry()
+
+    def _call(self, method: str, request: dict) -> dict:
+        call = self.channels.get(self.registry).unary_unary(f"/{SERVICE}.Registry/{method}", request_serializer=pack,
+                                                            response_deserializer=unpack)
+        return call(request, timeout=self.timeout_s)
+
+    def _check_registry(self) -> None:
+        import grpc
+
+        from swarm.fabric.dht import JoinError
+
+        try:
+            grpc.channel_ready_future(self.channels.get(self.registry)).result(timeout=self.timeout_s)
+        except grpc.FutureTimeoutError:
+            self.shutdown()
+            raise JoinError(f"could not join the swarm through the registry at {self.registry}: no answer within "
+                            f"{self.timeout_s:.0f}s. Check that `swarm bootstrap --transport grpc` runs there and is reachable") from None
+
+    @property
+    def peer_id(self) -> str:
+        return self.server.address if self.server else ""
+
+    @property
+    def public_key(self) -> bytes:
+        return owner_key(self.signing_key)
+
+    def addresses(self) -> list[str]:
+        return [self.registry]  # over gRPC, peers join through the registry
+
+    def heartbeat(self, *, role: str, model: str = "", model_hash: str = "", version: int = 0, rollouts: int = 0,
+                  tokens_per_s: float = 0.0) -> bool:
+        from swarm import __version__
+
+        record = {"role": role, "peer_id": self.peer_id, "model": model, "model_hash": model_hash, "version": int(version),
+                  "rollouts": int(rollouts), "tokens_per_s": float(tokens_per_s), "software": __version__, "time": _now()}
+        reply = self._call("Heartbeat", {"run_id": self.run_id, "peer_id": self.peer_id, "token": self._token,
+                                         "record": record, "expiry_s": self.expiry_s})
+        if reply.get("ok"):
+            self._token = reply["token"]
+        else:
+            logger.warning("registry refused our record: %s", reply.get("reason"))
+        return bool(reply.get("ok"))
+
+    def members(self):
+        from swarm.fabric.records import Member, MemberRecord
+
+        found = []
+        for item in self._call("Members", {"run_id": self.run_id})["members"]:
+            try:
+                record = MemberRecord.parse_obj(item["record"])
+            except Exception:  # noqa: BLE001
+                continue
+            found.append(Member(record=record, expires_at=float(item["expires_at"]), owner=record.peer_id.encode()))
+        return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+
+    def announce(self, version: int, digest: str) -> bool:
+        from swarm.fabric.records import VersionAnnouncement
+
+        payload = pack(VersionAnnouncement(version=version, hash=digest, peer_id=self.peer_id, time=_now()).dict())
+        reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
+                                        "signature": self.signing_key.sign(payload)})
+        return bool(reply.get("ok"))
+
+    def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
+        """The newest announcement under `learner_keys`, each signature checked here again (the
+        registry is not trusted with the learners' authority)."""
+        items = []
+        for item in self._call("Versions", {"run_id": self.run_id})["versions"]:
+            owner, payload = bytes(item["owner"]), bytes(item["payload"])
+            if verify_owner_signature(owner, payload, bytes(item["signature"])):
+                items.append((owner, unpack(payload)))
+        return newest_authorised(items, learner_keys)
+
+    def rollout_inbox(self, **options):
+        return GrpcRolloutInbox(self.server, **options)
+
+    def rollout_sender(self, **options):
+        return GrpcRolloutSender(self.channels, self.peer_id, **options)
+
+    def weight_server(self, store):
+        return GrpcWeightServer(self.server, store)
+
+    def weight_client(self, **options):
+        return GrpcWeightClient(self.channels, **options)
+
+    @staticmethod
+    def unreachable_errors() -> tuple[type[BaseException], ...]:
+        import grpc
+
+        return (grpc.RpcError, ConnectionError, TimeoutError, OSError, StopIteration)
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.channels.close()
+
+
+def _now() -> float:
+    import time
+
+    return float(time.time())
+
+
+def join_grpc(run_id: str, registry: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1", port: int = 0,
+              *, heartbeat_s: float = 5.0) -> GrpcFabric:
+    from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
+
+    if len(registry) != 1 or registry[0].startswith("/"):
+        raise ValueError("with --transport grpc, pass exactly one --peers HOST:PORT: the address "
+                         "`swarm bootstrap --transport grpc` prints")
+    identity_dir = Path(identity_dir)
+    stem = claim_identity_slot(identity_dir, role)
+    key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
+    return GrpcFabric(registry[0], run_id, key, host=host, port=port, heartbeat_s=heartbeat_s)
