@@ -100,10 +100,12 @@ def test_bad_addresses_and_options_fail_fast(args, message, tmp_path):
     assert time.time() - started < 30
 
 
-def test_sampler_lag_steps_keeps_its_rollouts_that_many_versions_behind(tmp_path):
+@pytest.mark.parametrize("transport", ["hivemind", "grpc"])
+def test_sampler_lag_steps_keeps_its_rollouts_that_many_versions_behind(tmp_path, transport):
+    """Peers as processes over each transport; the sampler simulates latency with --lag-steps."""
     from swarm.local_swarm import LocalSwarm
 
-    swarm = LocalSwarm(tmp_path, run_id="lag")
+    swarm = LocalSwarm(tmp_path, run_id="lag", transport=transport)
     try:
         addr = swarm.start_bootstrap()
         learner, key = swarm.start_learner(addr, "--steps", "10", "--groups-per-step", "2", "--run-dir", str(tmp_path / "run"),

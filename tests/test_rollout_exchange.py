@@ -1,13 +1,11 @@
-"""Rollout groups over real hivemind p2p streams: intact delivery, refusal with reasons,
-at-most-once delivery, backpressure."""
+"""Rollout groups over both transports (real hivemind p2p streams, real gRPC servers): intact
+delivery, refusal with reasons, at-most-once delivery, backpressure, bans."""
 
 import math
 
 import msgpack
 import pytest
 
-from swarm.fabric.dht import start_dht
-from swarm.fabric.rollout_exchange import RolloutInbox, RolloutSender
 from swarm.fabric.wire import InvalidRollout, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
@@ -68,59 +66,68 @@ def test_too_stale_groups_are_refused():
         decode_group(encode_group(group(version=0)), vocab_size=VOCAB, learner_version=70, max_staleness=64)
 
 
-@pytest.fixture
-def swarm_pair():
-    learner_dht, _ = start_dht(RUN)
-    sampler_dht, _ = start_dht(RUN, initial_peers=[str(m) for m in learner_dht.get_visible_maddrs()])
-    yield learner_dht, sampler_dht
-    sampler_dht.shutdown()
-    learner_dht.shutdown()
-
-
-def test_groups_arrive_intact_once_and_bad_ones_are_refused_with_reasons(swarm_pair):
-    learner_dht, sampler_dht = swarm_pair
-    inbox = RolloutInbox(learner_dht, RUN, vocab_size=VOCAB, max_staleness=64)
+def test_groups_arrive_intact_once_and_bad_ones_are_refused_with_reasons(make_fabric):
+    learner, sampler = make_fabric(), make_fabric()
+    inbox = learner.rollout_inbox(vocab_size=VOCAB, max_staleness=64)
     inbox.learner_version = 5
-    sender = RolloutSender(sampler_dht, RUN, timeout_s=60)
+    sender = sampler.rollout_sender(timeout_s=60)
     try:
         originals = [group(version=v, problem_id=f"p{v}") for v in (3, 4, 5)]
-        acks = sender.send(learner_dht.peer_id, originals)
+        acks = sender.send(learner.peer_id, originals)
         assert acks == [{"ok": True}] * 3
         received = [inbox.get(timeout=10) for _ in originals]
         assert [(g.problem_id, g.version, g.completion_ids, g.rewards) for g in received] == [
             (g.problem_id, g.version, g.completion_ids, g.rewards) for g in originals]
         assert received[0].sampler_logprobs == originals[0].sampler_logprobs
+        assert received[0].sender == sampler.peer_id
 
         frame = encode_group(group(problem_id="dup"), uid="same-uid")
         bad = encode_group(group(completion_ids=[[4, 5, 500], [6, 1]]))
-        acks = sender.send_frames(learner_dht.peer_id, [frame, frame, bad, b"junk"])
+        acks = sender.send_frames(learner.peer_id, [frame, frame, bad, b"junk"])
         assert acks[0] == {"ok": True}
         assert acks[1] == {"ok": False, "reason": "duplicate"}
         assert not acks[2]["ok"] and "outside the vocabulary" in acks[2]["reason"]
         assert not acks[3]["ok"] and "msgpack" in acks[3]["reason"]
         assert inbox.get(timeout=10).problem_id == "dup"
         assert inbox.get(timeout=0.5) is None  # nothing else was let through
-        sampler_peer = str(sampler_dht.peer_id)
-        assert inbox.stats.refused[sampler_peer] == 2 and inbox.stats.duplicates == 1
+        assert inbox.stats.refused[sampler.peer_id] == 2 and inbox.stats.duplicates == 1
         assert inbox.stats.accepted["sampler-a"] == 4
     finally:
         sender.close()
         inbox.close()
 
 
-def test_backpressure_bounds_the_learners_memory(swarm_pair):
-    learner_dht, sampler_dht = swarm_pair
-    inbox = RolloutInbox(learner_dht, RUN, vocab_size=VOCAB, capacity=2, put_timeout_s=1.0)
+def test_backpressure_bounds_the_learners_memory(make_fabric):
+    learner, sampler = make_fabric(), make_fabric()
+    inbox = learner.rollout_inbox(vocab_size=VOCAB, capacity=2, put_timeout_s=1.0)
     inbox.learner_version = 3
-    sender = RolloutSender(sampler_dht, RUN, timeout_s=60)
+    sender = sampler.rollout_sender(timeout_s=60)
     try:
-        acks = sender.send(learner_dht.peer_id, [group(problem_id=f"p{i}") for i in range(4)])
+        acks = sender.send(learner.peer_id, [group(problem_id=f"p{i}") for i in range(4)])
         assert [a["ok"] for a in acks] == [True, True, False, False]
         assert all(a["reason"] == "busy" for a in acks[2:])
         assert inbox.qsize() == 2
         # once the learner catches up, the refused groups can be sent again
         assert inbox.get(timeout=5) and inbox.get(timeout=5)
-        assert [a["ok"] for a in sender.send(learner_dht.peer_id, [group(problem_id="p2")])] == [True]
+        assert [a["ok"] for a in sender.send(learner.peer_id, [group(problem_id="p2")])] == [True]
     finally:
         sender.close()
+        inbox.close()
+
+
+def test_a_peer_sending_garbage_is_banned_then_ignored(make_fabric):
+    from swarm.fabric.bans import PeerBans
+
+    learner, sampler, honest = make_fabric(), make_fabric(), make_fabric()
+    inbox = learner.rollout_inbox(vocab_size=VOCAB, bans=PeerBans(strikes=3, window_s=60, ban_s=60))
+    inbox.learner_version = 3
+    sender, good = sampler.rollout_sender(timeout_s=60), honest.rollout_sender(timeout_s=60)
+    try:
+        acks = sender.send_frames(learner.peer_id, [b"junk"] * 3 + [encode_group(group())])
+        assert [a["ok"] for a in acks] == [False] * 4 and "banned" in acks[3]["reason"]  # even a valid group, now
+        assert good.send(learner.peer_id, [group()]) == [{"ok": True}]  # others are not affected
+        assert inbox.bans.banned() == [sampler.peer_id]
+    finally:
+        sender.close()
+        good.close()
         inbox.close()

@@ -1,17 +1,16 @@
-"""Policy versions over real hivemind swarms: 4 receivers (one joining late) rebuild 10 versions
-bit for bit, relaying to each other; a tampered delta is detected and fetched again from another
-holder; announcements by keys that are not the run's learners are ignored."""
+"""Policy versions over both transports (real hivemind swarms, real gRPC servers and registry):
+4 receivers (one joining late) rebuild 10 versions bit for bit, relaying to each other; a tampered
+delta is detected and fetched again from another holder; announcements by keys that are not the
+run's learners are ignored, and nobody can announce under a learner's key."""
 
 import random
 
 import pytest
 import torch
 
-from swarm.fabric.dht import start_dht
-from swarm.fabric.versions import VersionStore, WeightClient, WeightServer, announce, latest_announced
+from swarm.fabric.versions import VersionStore
 from swarm.fabric.weight_delta import CorruptVersion, state_hash
 
-RUN = "weights-test"
 
 
 def publish_stream(n):
@@ -27,59 +26,68 @@ def publish_stream(n):
 
 
 class Peer:
-    def __init__(self, dht, validator):
-        self.dht, self.validator = dht, validator
+    def __init__(self, fabric):
+        self.fabric = fabric
         self.store = VersionStore(capacity=16)
-        self.server = WeightServer(dht, RUN, self.store)
-        self.client = WeightClient(dht, RUN, timeout_s=60)
+        self.server = fabric.weight_server(self.store)
+        self.client = fabric.weight_client(timeout_s=60)
 
-    def close(self):
-        self.client.close()
-        self.server.close()
-        self.dht.shutdown()
+    @property
+    def key(self):
+        return self.fabric.public_key
 
 
 @pytest.fixture
-def peers():
-    made = []
+def peers(make_fabric):
+    def make():
+        return Peer(make_fabric())
 
-    def make(initial=()):
-        peer = Peer(*start_dht(RUN, initial_peers=list(initial)))
-        made.append(peer)
-        return peer
-
-    yield make
-    for peer in made:
-        peer.close()
-
-
-def addr(peer):
-    return [str(m) for m in peer.dht.get_visible_maddrs()]
+    make.transport = make_fabric.transport
+    return make
 
 
 def sync(receiver, learner_keys, holders, rng):
     """What a sampler does: read the newest authorised announcement, fetch from a holder."""
-    ann = latest_announced(receiver.dht, RUN, learner_keys)
+    ann = receiver.fabric.latest_announced(learner_keys)
     if ann is None or receiver.store.latest == ann.version:
         return None
     candidates = [h for h in holders if h.store.latest is not None and h.store.latest >= ann.version and h is not receiver]
     holder = rng.choice(candidates)
-    receiver.client.fetch(holder.dht.peer_id, ann.version, ann.hash, receiver.store)
+    receiver.client.fetch(holder.fabric.peer_id, ann.version, ann.hash, receiver.store)
     return holder
+
+
+def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
+    """The volunteer tries to announce under the learner's key (it cannot sign for it)."""
+    from swarm.fabric.records import VersionAnnouncement
+
+    value = VersionAnnouncement(version=version, hash="0" * 64, peer_id=volunteer.fabric.peer_id, time=0.0).dict()
+    if volunteer.fabric.transport == "grpc":
+        from swarm.fabric.grpc_transport import pack
+
+        payload = pack(value)
+        return volunteer.fabric._call("Announce", {"run_id": volunteer.fabric.run_id, "owner": learner_key, "payload": payload,
+                                                   "signature": volunteer.fabric.signing_key.sign(payload)})["ok"]
+    from hivemind.utils import get_dht_time
+
+    from swarm.fabric.records import versions_key
+
+    return bool(volunteer.fabric.dht.store(versions_key(volunteer.fabric.run_id), subkey=learner_key, value=value,
+                                           expiration_time=get_dht_time() + 60))
 
 
 def test_four_receivers_rebuild_ten_versions_bit_for_bit_with_relay(peers):
     rng = random.Random(0)
     learner = peers()
-    receivers = [peers(addr(learner)) for _ in range(3)]
-    keys = [learner.validator.local_public_key]
+    receivers = [peers() for _ in range(3)]
+    keys = [learner.key]
     served_by_receivers = 0
     late = None
     for version, state in enumerate(publish_stream(10)):
         digest = learner.store.add(version, state)
-        assert announce(learner.dht, RUN, learner.validator.local_public_key, version, digest)
+        assert learner.fabric.announce(version, digest)
         if version == 7:
-            late = peers(addr(receivers[0]))  # joins late, through a receiver
+            late = peers()  # joins late
             receivers.append(late)
         for receiver in receivers:
             holder = sync(receiver, keys, [learner, *receivers], rng)
@@ -95,9 +103,7 @@ def test_four_receivers_rebuild_ten_versions_bit_for_bit_with_relay(peers):
 
 
 def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers):
-    learner = peers()
-    liar = peers(addr(learner))
-    receiver = peers(addr(learner))
+    learner, liar, receiver = peers(), peers(), peers()
     versions = list(publish_stream(2))
     for v, state in enumerate(versions):
         learner.store.add(v, state)
@@ -108,22 +114,21 @@ def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers)
     liar.store.deltas[2] = bytes(corrupt)
     digest = learner.store.hashes[2]
     with pytest.raises(CorruptVersion):
-        receiver.client.fetch(liar.dht.peer_id, 2, digest, receiver.store)
+        receiver.client.fetch(liar.fabric.peer_id, 2, digest, receiver.store)
     assert receiver.store.latest == 1  # nothing from the corrupt transfer was kept
-    receiver.client.fetch(learner.dht.peer_id, 2, digest, receiver.store)
+    receiver.client.fetch(learner.fabric.peer_id, 2, digest, receiver.store)
     assert receiver.store.hashes[2] == digest
 
 
 def test_announcements_by_unauthorised_keys_are_ignored(peers):
-    learner = peers()
-    volunteer = peers(addr(learner))
-    receiver = peers(addr(learner))
+    learner, volunteer, receiver = peers(), peers(), peers()
     state = next(publish_stream(0))
     digest = learner.store.add(0, state)
-    assert announce(learner.dht, RUN, learner.validator.local_public_key, 0, digest)
-    assert announce(volunteer.dht, RUN, volunteer.validator.local_public_key, 99, "0" * 64)
-    ann = latest_announced(receiver.dht, RUN, [learner.validator.local_public_key])
-    assert (ann.version, ann.hash, ann.peer_id) == (0, digest, learner.dht.peer_id.to_base58())
+    assert learner.fabric.announce(0, digest)
+    assert volunteer.fabric.announce(99, "0" * 64)  # under its own key: stored, but nobody follows it
+    ann = receiver.fabric.latest_announced([learner.key])
+    assert (ann.version, ann.hash, ann.peer_id) == (0, digest, learner.fabric.peer_id)
+    assert receiver.fabric.latest_announced([volunteer.key]).version == 99
     # and no peer can announce under the learner's key
-    assert not announce(volunteer.dht, RUN, learner.validator.local_public_key, 100, "0" * 64)
-    assert latest_announced(receiver.dht, RUN, [learner.validator.local_public_key]).version == 0
+    assert not forge_announcement(volunteer, learner.key, 100)
+    assert receiver.fabric.latest_announced([learner.key]).version == 0

@@ -15,6 +15,7 @@ class HivemindFabric:
         from swarm.fabric.records import MembershipPublisher
 
         self.dht, self.validator, self.run_id = dht, validator, run_id
+        self._owned: list = []  # inboxes, servers and clients made here: closed on shutdown
         self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
 
     @property
@@ -54,22 +55,26 @@ class HivemindFabric:
     def rollout_inbox(self, **options):
         from swarm.fabric.rollout_exchange import RolloutInbox
 
-        return RolloutInbox(self.dht, self.run_id, **options)
+        return self._own(RolloutInbox(self.dht, self.run_id, **options))
 
     def rollout_sender(self, **options):
         from swarm.fabric.rollout_exchange import RolloutSender
 
-        return RolloutSender(self.dht, self.run_id, **options)
+        return self._own(RolloutSender(self.dht, self.run_id, **options))
 
     def weight_server(self, store):
         from swarm.fabric.versions import WeightServer
 
-        return WeightServer(self.dht, self.run_id, store)
+        return self._own(WeightServer(self.dht, self.run_id, store))
 
     def weight_client(self, **options):
         from swarm.fabric.versions import WeightClient
 
-        return WeightClient(self.dht, self.run_id, **options)
+        return self._own(WeightClient(self.dht, self.run_id, **options))
+
+    def _own(self, component):
+        self._owned.append(component)
+        return component
 
     @staticmethod
     def unreachable_errors() -> tuple[type[BaseException], ...]:
@@ -81,6 +86,12 @@ class HivemindFabric:
         return (ControlFailure, ConnectionError, TimeoutError, asyncio.IncompleteReadError, OSError)
 
     def shutdown(self) -> None:
+        for component in self._owned:
+            try:
+                component.close()  # idempotent: peers usually closed them already
+            except Exception:  # noqa: BLE001
+                pass
+        self._owned.clear()
         self.dht.shutdown()
 
 

@@ -76,8 +76,12 @@ class HostedStreamHandler:
         self.io = BackgroundLoop(thread_name)
         self.p2p = attach_p2p(dht, self.io)
         self.io.run(self.p2p.add_binary_stream_handler(name, handler), timeout=30)
+        self.closed = False
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         try:
             self.io.run(self.p2p.remove_binary_stream_handler(self.name), timeout=10)
         except Exception:  # noqa: BLE001  the daemon may already be gone
@@ -92,6 +96,7 @@ class StreamClient:
         self.name = name
         self.io = BackgroundLoop(thread_name)
         self.p2p = attach_p2p(dht, self.io)
+        self.closed = False
 
     def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         return self.io.run(coro, timeout)
@@ -106,4 +111,6 @@ class StreamClient:
         return reader, writer
 
     def close(self) -> None:
-        detach_p2p(self.p2p, self.io)
+        if not self.closed:
+            self.closed = True
+            detach_p2p(self.p2p, self.io)
