@@ -1,10 +1,9 @@
 """Swarm-fabric figures:
 - bytes on the wire per policy version (delta) as a fraction of a full snapshot, for the embedded
   policy published in bf16 after real GEPO steps at two learning rates;
-- rollout-group throughput over hivemind p2p streams against a raw loopback TCP socket carrying the
-  same frames with the same per-frame acknowledgement.
-Not yet measured: time for a ~100 MB version to reach 1/2/4/8 receivers, gRPC throughput (the gRPC
-fallback is not built yet).
+- rollout-group throughput over hivemind p2p streams and over gRPC, against a raw loopback TCP
+  socket carrying the same frames with the same per-frame acknowledgement.
+The fan-out of a ~100 MB version to 1/2/4/8 receivers is in fanout.py.
 """
 
 from __future__ import annotations
@@ -65,26 +64,24 @@ def _frames(n: int) -> list[bytes]:
     return [encode_group(g) for _ in range(n)]
 
 
-def hivemind_throughput(frames: list[bytes]) -> float:
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.rollout_exchange import RolloutInbox, RolloutSender
+def transport_throughput(transport: str, frames: list[bytes]) -> float:
+    """Groups per second from one sampler to one learner's inbox over `transport`."""
+    from swarm.fabric.local import LocalFabrics
 
-    learner, _ = start_dht("bench")
-    sampler, _ = start_dht("bench", initial_peers=[str(m) for m in learner.get_visible_maddrs()])
-    inbox = RolloutInbox(learner, "bench", vocab_size=99, capacity=len(frames) + 1)
-    sender = RolloutSender(sampler, "bench", timeout_s=300)
-    try:
-        sender.send_frames(learner.peer_id, frames[:5])  # warm-up: open the connection
-        started = time.perf_counter()
-        acks = sender.send_frames(learner.peer_id, frames[5:])
-        elapsed = time.perf_counter() - started
-        assert all(a["ok"] for a in acks), acks[:3]
-        return (len(frames) - 5) / elapsed
-    finally:
-        sender.close()
-        inbox.close()
-        sampler.shutdown()
-        learner.shutdown()
+    with LocalFabrics(transport, f"bench-{transport}") as fabrics:
+        learner, sampler = fabrics.make(), fabrics.make()
+        inbox = learner.rollout_inbox(vocab_size=99, capacity=len(frames) + 1)
+        sender = sampler.rollout_sender(timeout_s=300)
+        try:
+            sender.send_frames(learner.peer_id, frames[:5])  # warm-up: open the connection
+            started = time.perf_counter()
+            acks = sender.send_frames(learner.peer_id, frames[5:])
+            elapsed = time.perf_counter() - started
+            assert all(a["ok"] for a in acks), acks[:3]
+            return (len(frames) - 5) / elapsed
+        finally:
+            sender.close()
+            inbox.close()
 
 
 def raw_tcp_throughput(frames: list[bytes]) -> float:
@@ -119,16 +116,18 @@ def raw_tcp_throughput(frames: list[bytes]) -> float:
 def run() -> dict:
     deltas = delta_fractions()
     frames = _frames(305)
-    hm = hivemind_throughput(frames)
+    hm = transport_throughput("hivemind", frames)
+    grpc_rate = transport_throughput("grpc", frames)
     raw = raw_tcp_throughput(frames[5:])
     figures = {"weight_deltas": deltas, "rollout_frame_bytes": len(frames[0]), "hivemind_groups_per_s": hm,
-               "raw_tcp_groups_per_s": raw, "hivemind_over_raw": hm / raw}
+               "grpc_groups_per_s": grpc_rate, "raw_tcp_groups_per_s": raw, "hivemind_over_raw": hm / raw,
+               "grpc_over_raw": grpc_rate / raw}
     md = "# Swarm fabric\n\n## Bytes per policy version (embedded policy, bf16, GEPO steps)\n\n" + markdown_table(
         ["learning rate", "snapshot bytes", "mean delta bytes", "delta / snapshot", "elements changed"],
         [[d["lr"], d["snapshot_bytes"], round(d["mean_delta_bytes"]), d["fraction_of_snapshot"], d["elements_changed"]] for d in deltas],
     ) + "\n## Rollout groups over the wire (one group of 8 completions per frame, acked)\n\n" + markdown_table(
-        ["transport", "groups / s"], [["hivemind p2p stream", hm], ["raw loopback TCP", raw]],
-    ) + f"\nframe size {len(frames[0])} bytes; hivemind / raw TCP = **{hm / raw:.3f}**. Not yet measured: " \
-        "fan-out time of a ~100 MB version to 1/2/4/8 receivers, and gRPC (not built yet).\n"
+        ["transport", "groups / s", "/ raw TCP"],
+        [["hivemind p2p stream", hm, hm / raw], ["gRPC stream", grpc_rate, grpc_rate / raw], ["raw loopback TCP", raw, 1.0]],
+    ) + f"\nframe size {len(frames[0])} bytes. The fan-out of a ~100 MB version is in fanout.md.\n"
     write_result("fabric", figures, md)
     return figures

@@ -23,37 +23,11 @@ def make_fabric(request):
     """Factory of real peers on loopback for the transport named by the test's parameter: hivemind
     (each later peer joins through the first one's DHT node) or gRPC (all join one registry
     server, as they would join `swarm bootstrap --transport grpc`). `make.transport` names it."""
-    transport = request.param
-    made = []
-    registry_server = None
-    if transport == "grpc":
-        from swarm.fabric.grpc_transport import Registry, serve_registry
+    from swarm.fabric.local import LocalFabrics
 
-        registry_server, port = serve_registry(Registry())
-        registry = f"127.0.0.1:{port}"
+    with LocalFabrics(request.param, TRANSPORT_RUN) as fabrics:
+        def make(heartbeat_s: float = 1.0):
+            return fabrics.make(heartbeat_s)
 
-    def make(heartbeat_s: float = 1.0):
-        if transport == "grpc":
-            from hivemind.utils.crypto import RSAPrivateKey
-
-            from swarm.fabric.grpc_peer import GrpcFabric
-
-            fabric = GrpcFabric(registry, TRANSPORT_RUN, RSAPrivateKey(), heartbeat_s=heartbeat_s)
-        else:
-            from swarm.fabric.dht import start_dht
-            from swarm.fabric.hivemind_transport import HivemindFabric
-
-            initial = made[0].addresses() if made else []
-            fabric = HivemindFabric(*start_dht(TRANSPORT_RUN, initial_peers=initial), TRANSPORT_RUN, heartbeat_s=heartbeat_s)
-        made.append(fabric)
-        return fabric
-
-    make.transport = transport
-    yield make
-    for fabric in made:
-        try:
-            fabric.shutdown()
-        except Exception:  # noqa: BLE001  a test may have shut it down already
-            pass
-    if registry_server is not None:
-        registry_server.stop(0)
+        make.transport = request.param
+        yield make

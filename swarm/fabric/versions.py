@@ -22,7 +22,7 @@ import torch
 
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import VersionAnnouncement, versions_key
-from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
+from swarm.fabric.weight_delta import CorruptVersion, apply_payload_verified, encode_delta, encode_snapshot, state_hash
 
 logger = logging.getLogger(__name__)
 MAX_PAYLOAD_BYTES = 4 * 1024**3
@@ -82,17 +82,24 @@ class VersionStore:
         self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
         self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
         self.hashes: dict[int, str] = {}
+        self._snapshot: tuple[int, bytes] | None = None  # the last snapshot encoded: new peers ask for the same one
 
     @property
     def latest(self) -> int | None:
         with self.lock:
             return next(reversed(self.states)) if self.states else None
 
-    def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None) -> str:
-        """Hold `state` as `version` (computing the delta from version - 1 when held)."""
-        state = {k: v.detach().cpu().clone() for k, v in state.items()}
-        digest = state_hash(state)
+    def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None, *,
+            digest: str | None = None, snapshot: bytes | None = None, owned: bool = False) -> str:
+        """Hold `state` as `version` (computing the delta from version - 1 when held). A receiver
+        passes what it has verified already: the `digest`, the `snapshot` payload it received (served
+        on as is), and `owned=True` when nothing else refers to `state` (no copy is made)."""
+        if not owned:
+            state = {k: v.detach().cpu().clone() for k, v in state.items()}
+        digest = digest or state_hash(state)
         with self.lock:
+            if snapshot is not None:
+                self._snapshot = (version, snapshot)
             if delta is None and (version - 1) in self.states:
                 delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
             self.states[version] = state
@@ -114,7 +121,12 @@ class VersionStore:
             if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
                 return [self.deltas[v] for v in range(have + 1, want + 1)]
             state = self.states[want]
-        return [encode_snapshot(state, want)]
+            cached = self._snapshot
+        if cached is not None and cached[0] == want:
+            return [cached[1]]
+        snapshot = encode_snapshot(state, want)
+        self._snapshot = (want, snapshot)
+        return [snapshot]
 
 
 class WeightServer:
@@ -166,14 +178,16 @@ class RebuildingClient:
             base = store.states[have] if have is not None else None
         payloads = self._payloads(holder_peer_id, have, want)
         state, version = base, have
-        built: list[tuple[int, dict, bytes]] = []
+        built: list[tuple[int, dict, bytes, str, str]] = []
+        digest = None
         for payload in payloads:
-            version, state = apply_payload(payload, state)  # raises CorruptVersion on any mismatch
-            built.append((version, state, payload))
-        if version != want or state_hash(state) != want_hash:
+            version, state, digest, kind = apply_payload_verified(payload, state)  # raises CorruptVersion on any mismatch
+            built.append((version, state, payload, digest, kind))
+        if version != want or digest != want_hash:
             raise CorruptVersion(f"holder {holder_peer_id} sent version {version}, not {want} with the announced hash")
-        for v, s, payload in built:  # only a fully verified chain is kept
-            store.add(v, s, delta=payload if payload_header(payload)["kind"] == "delta" else None)
+        for v, s, payload, d, kind in built:  # only a fully verified chain is kept
+            store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
+                      snapshot=payload if kind == "snapshot" else None, owned=True)
         return state
 
 
