@@ -87,11 +87,17 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
         (["learner", "--peers", DEAD, "--loss", "ppo"], "unknown loss 'ppo'"),
         (["learner"], "--peers: no --peers given"),
         (["status", "--peers", DEAD], "could not join the swarm through"),
+        (["learner", "--peers", DEAD, "--model", "./missing-model"], "model directory ./missing-model does not exist"),
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
+        (["learner", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry at 127.0.0.1:9"),
+        (["learner", "--peers", DEAD, "--transport", "grpc"], "with --transport grpc pass the registry's HOST:PORT"),
+        (["status", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry"),
     ],
 )
 def test_bad_addresses_and_options_fail_fast(args, message, tmp_path):
     started = time.time()
     extra = ["--identity-dir", str(tmp_path)] if args[0] in ("learner", "sampler") and args[1:] else []
+    extra += ["--run-dir", str(tmp_path / "run")] if args[0] == "learner" and args[1:] else []
     out = subprocess.run([*SWARM, *args, *extra],
                          capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode != 0
