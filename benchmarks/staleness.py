@@ -31,12 +31,13 @@ def run_one(loss: str, staleness: int, seed: int, args) -> dict:
         loss=LossConfig(name=loss), steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
         lr=args.lr, delay="none" if staleness == 0 else f"uniform:{staleness}", max_staleness=max(staleness, 0),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
+        advantage_diagnostic_every=args.advantage_every,
     )
     started = time.time()
     result = run_local(config)
     keep = ("step", "reward_mean", "staleness_mean", "staleness_max", "kl_learner_sampler", "kl_sampler_learner",
-            "is_weight_var", "is_weight_mean", "clip_frac", "loss")
-    history = [{k: h[k] for k in keep} for h in result["history"]]
+            "is_weight_var", "is_weight_mean", "clip_frac", "loss", "adv_err_gepo", "adv_err_seq", "adv_err_token")
+    history = [{k: h[k] for k in keep if k in h} for h in result["history"]]
     accs = [e["pass_at_1"] for e in result["evals"]]
     return {"loss": loss, "staleness": staleness, "seed": seed, "evals": result["evals"], "history": history,
             "best": max(accs[1:] or accs), "last": accs[-1], "initial": accs[0], "seconds": time.time() - started}
@@ -81,7 +82,31 @@ def correlations(runs: list[dict]) -> dict:
     def corr(a, b):
         return float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
 
-    return {"staleness_vs_kl": corr(stal, kl), "kl_vs_is_weight_var": corr(kl, var), "staleness_vs_is_weight_var": corr(stal, var)}
+    out = {"staleness_vs_kl": corr(stal, kl), "kl_vs_is_weight_var": corr(kl, var), "staleness_vs_is_weight_var": corr(stal, var)}
+    diag = [h for h in steps if "adv_err_gepo" in h and all(np.isfinite(h[f"adv_err_{w}"]) for w in ADV_WEIGHTS)]
+    if len(diag) > 2:
+        d_stal = np.array([h["staleness_mean"] for h in diag])
+        d_kl = np.array([h["kl_learner_sampler"] for h in diag])
+        for w in ADV_WEIGHTS:
+            err = np.array([h[f"adv_err_{w}"] for h in diag])
+            out[f"staleness_vs_adv_err_{w}"] = corr(d_stal, err)
+            out[f"kl_vs_adv_err_{w}"] = corr(d_kl, err)
+            out[f"mean_adv_err_{w}"] = float(err.mean())
+    return out
+
+
+ADV_WEIGHTS = ("gepo", "seq", "token")
+
+
+def advantage_error_by_staleness(runs: list[dict], levels: list[int]) -> list[list]:
+    """Mean error of the estimated expected advantage per staleness level, for each weight."""
+    rows = []
+    for k in levels:
+        hs = [h for r in runs if r["staleness"] == k for h in r["history"] if "adv_err_gepo" in h]
+        vals = {w: [h[f"adv_err_{w}"] for h in hs if h[f"adv_err_{w}"] == h[f"adv_err_{w}"]] for w in ADV_WEIGHTS}
+        if any(vals.values()):
+            rows.append([k] + [statistics.mean(v) if v else float("nan") for v in vals.values()] + [len(hs)])
+    return rows
 
 
 def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
@@ -108,11 +133,17 @@ def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
     fig.savefig(RESULTS / "staleness_curves.png", dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     for i, loss in enumerate(losses):
         hs = [h for r in runs if r["loss"] == loss for h in r["history"] if h["step"] > 1]
         axes[0].scatter([h["staleness_mean"] for h in hs], [h["kl_learner_sampler"] for h in hs], s=5, color=f"C{i}", label=loss, alpha=0.5)
         axes[1].scatter([h["kl_learner_sampler"] for h in hs], [max(h["is_weight_var"], 1e-9) for h in hs], s=5, color=f"C{i}", label=loss, alpha=0.5)
+    diag = [h for r in runs for h in r["history"] if "adv_err_gepo" in h and h["step"] > 1]
+    for j, w in enumerate(ADV_WEIGHTS):
+        axes[2].scatter([h["staleness_mean"] for h in diag], [h[f"adv_err_{w}"] for h in diag], s=6, color=f"C{j}", label=f"{w} weight", alpha=0.5)
+    axes[2].set_xlabel("mean staleness of the step (steps)")
+    axes[2].set_ylabel("|E_p[A] - E_q[w A]| (per group, mean)")
+    axes[2].set_yscale("log")
     axes[0].set_xlabel("mean staleness of the step (steps)")
     axes[0].set_ylabel("KL(learner || sampler) per token")
     axes[1].set_xlabel("KL(learner || sampler) per token")
@@ -138,6 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--advantage-every", type=int, default=5,
+                        help="every this many steps, the error of the estimated expected advantage (0: never)")
     parser.add_argument("--eval-problems", type=int, default=100)
     parser.add_argument("--from-partial", action="store_true",
                         help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
@@ -182,6 +215,10 @@ def main(argv=None) -> int:
           markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"], drops(summary, losses, levels)),
           "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
           markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
+          "\n## Error of the estimated expected advantage, by staleness (all losses' runs)\n\n"
+          "|E_p[A] - E_q[w A]| per group, E_p[A] from fresh samples of the learner's policy (swarm/diagnostics.py).\n\n",
+          markdown_table(["max staleness", "gepo weight", "sequence ratio", "token ratio", "steps"],
+                         advantage_error_by_staleness(runs, levels)),
           "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
     if args.from_partial:
         md.insert(1, f"**Interrupted study: {len(runs)} of {total} planned runs.** ")

@@ -41,6 +41,8 @@ class LocalRunConfig(BaseModel):
     eval_every: int = Field(10, ge=1)
     eval_problems: int = Field(200, ge=1)
     eval_samples: int = Field(2, ge=1, description="samples per held-out problem for pass@1")
+    advantage_diagnostic_every: int = Field(0, ge=0, description="every this many steps, the error of the estimated "
+                                            "expected advantage (swarm.diagnostics; 0: never; costs fresh samples)")
     seed: int = 0
 
 
@@ -78,6 +80,7 @@ def run_local(
     scorer = RewardScorer([("accuracy", 1.0)])
     task = ArithmeticTask(config.difficulty)
     train, test = task.problems("train"), task.problems("test")[: config.eval_problems]
+    by_id = {p.problem_id: p for p in train}
     ring = PolicyRing(capacity=min(config.max_staleness, delay.max_steps) + 1)
     ring.publish(0, model)
     params = SamplingParams(num_completions=config.group_size, temperature=config.temperature, max_new_tokens=config.max_new_tokens)
@@ -107,7 +110,15 @@ def run_local(
                 sampler_model.load_state_dict(ring.get(version))
                 params.seed = rng.randrange(2**31)
                 groups += produce_rollouts(sampler, scorer, problems[s : s + per_sampler], params, version=version, sampler_id=f"virtual-{s}")
+            diagnostic = {}
+            if config.advantage_diagnostic_every and step % config.advantage_diagnostic_every == 0:
+                from swarm.diagnostics import expected_advantage_errors
+
+                model.eval()
+                diagnostic = expected_advantage_errors(model, evaluator, scorer, groups, by_id, tokenizer.pad_token_id,
+                                                       max_new_tokens=config.max_new_tokens)
             metrics = learner.step(groups)
+            metrics.update(diagnostic)
             schedule.step()
             ring.publish(learner.version, model)
             metrics.update(step=step + 1, seconds=time.time() - started, lr=schedule.get_last_lr()[0])
