@@ -169,8 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--advantage-every", type=int, default=5,
-                        help="every this many steps, the error of the estimated expected advantage (0: never)")
+    parser.add_argument("--advantage-every", type=int, default=None,
+                        help="every this many steps, the error of the estimated expected advantage (0: never; default 5, 10 with --quick)")
     parser.add_argument("--eval-problems", type=int, default=100)
     parser.add_argument("--from-partial", action="store_true",
                         help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
     seeds = args.seeds or (1 if args.quick else 3)
     args.steps = args.steps or 40
+    if args.advantage_every is None:
+        args.advantage_every = 10 if args.quick else 5
     import torch
 
     torch.set_num_threads(2)

@@ -6,8 +6,6 @@ import time
 
 import pytest
 
-from tests.conftest import TRANSPORT_RUN
-
 
 def wait_for(predicate, timeout=20.0):
     deadline = time.time() + timeout
@@ -47,14 +45,14 @@ def record(peer_id, **changes):
 def write_as(attacker, owner_key: bytes, owner_peer_id: str, value: dict) -> bool:
     """The attacker writes `value` as the record of the peer with `owner_key` / `owner_peer_id`."""
     if attacker.transport == "grpc":
-        reply = attacker._call("Heartbeat", {"run_id": TRANSPORT_RUN, "peer_id": owner_peer_id, "token": "", "record": value,
+        reply = attacker._call("Heartbeat", {"run_id": attacker.run_id, "peer_id": owner_peer_id, "token": "", "record": value,
                                              "expiry_s": 30.0})
         return reply["ok"]
     from hivemind.utils import get_dht_time
 
     from swarm.fabric.records import members_key
 
-    return bool(attacker.dht.store(members_key(TRANSPORT_RUN), subkey=owner_key, value=value, expiration_time=get_dht_time() + 30))
+    return bool(attacker.dht.store(members_key(attacker.run_id), subkey=owner_key, value=value, expiration_time=get_dht_time() + 30))
 
 
 def test_forged_and_malformed_records_are_refused(make_fabric):
@@ -79,5 +77,5 @@ def test_unreachable_registry_fails_fast_with_a_clear_error():
 
     started = time.time()
     with pytest.raises(JoinError, match="could not join the swarm through the registry at 127.0.0.1:9"):
-        GrpcFabric("127.0.0.1:9", TRANSPORT_RUN, RSAPrivateKey(), timeout_s=3)
+        GrpcFabric("127.0.0.1:9", "membership-test", RSAPrivateKey(), timeout_s=3)
     assert time.time() - started < 10
