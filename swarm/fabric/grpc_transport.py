@@ -47,7 +47,9 @@ def _options(limit: int = MESSAGE_LIMIT) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
 
 
-def _new_server(workers: int = 16, limit: int = MESSAGE_LIMIT):
+def _new_server(workers: int = 64, limit: int = MESSAGE_LIMIT):
+    # one thread per open call: a learner's rollout streams block while its queue is full
+    # (backpressure), so the pool must stay larger than the number of samplers streaming at once
     import grpc
 
     return grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"), options=_options(limit))
