@@ -143,7 +143,10 @@ def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
         axes[2].scatter([h["staleness_mean"] for h in diag], [h[f"adv_err_{w}"] for h in diag], s=6, color=f"C{j}", label=f"{w} weight", alpha=0.5)
     axes[2].set_xlabel("mean staleness of the step (steps)")
     axes[2].set_ylabel("|E_p[A] - E_q[w A]| (per group, mean)")
-    axes[2].set_yscale("log")
+    if any(h[f"adv_err_{w}"] > 0 for h in diag for w in ADV_WEIGHTS):
+        axes[2].set_yscale("log")
+    else:
+        axes[2].text(0.5, 0.5, "advantage diagnostic not measured\n(--advantage-every 0)", ha="center", transform=axes[2].transAxes)
     axes[0].set_xlabel("mean staleness of the step (steps)")
     axes[0].set_ylabel("KL(learner || sampler) per token")
     axes[1].set_xlabel("KL(learner || sampler) per token")
@@ -151,7 +154,8 @@ def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
     axes[1].set_yscale("log")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, markerscale=3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, markerscale=3)
     fig.tight_layout()
     fig.savefig(RESULTS / "staleness_diagnostics.png", dpi=110)
     plt.close(fig)
