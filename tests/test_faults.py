@@ -137,8 +137,8 @@ def test_swarm_survives_bootstrap_loss_and_joins_through_a_peer(swarm, tmp_path)
     wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
     crash(swarm.procs[0])  # the bootstrap node
     late = swarm.start_sampler("sampler-late", learner_addr, key, *SAMPLER)
-    accepted = wait_until(lambda: [int(n) for n in re.findall(r"(\d+) accepted", late.text()) if int(n) > 0], 240,
-                          "the late sampler's groups to be accepted", swarm)
+    wait_until(lambda: [int(n) for n in re.findall(r"(\d+) accepted", late.text()) if int(n) > 0], 240,
+               "the late sampler's groups to be accepted", swarm)
     at_join = len(steps_of(run_dir))
     wait_until(lambda: len(steps_of(run_dir)) >= at_join + 2, 120, "two more learner steps", swarm)
     assert swarm.stop(learner) == 0, learner.text()[-3000:]  # SIGTERM: a clean exit with a checkpoint

@@ -132,7 +132,7 @@ def test_vllm_logprobs_match_learner_recompute():
 def test_tokens_outside_the_learners_top_k_stay_finite(backend):
     """A stale sampler's token can fall outside a newer learner's top-k: its log-prob is floored,
     padding is zero, and a loss on it stays finite."""
-    from swarm.losses import LossConfig, LossInputs, compute_loss
+    from swarm.losses import LossInputs, compute_loss
 
     gens = backend.generate(["Compute 3+4. Answer in \\boxed{}.\n"] * 2, SamplingParams(num_completions=2, max_new_tokens=8, seed=0))
     p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)

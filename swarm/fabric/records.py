@@ -8,11 +8,10 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 """
 
 
-import time
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from pydantic.v1 import BaseModel, StrictFloat, StrictStr, conint, constr
+from pydantic.v1 import BaseModel, StrictFloat, conint, constr
 
 from swarm import __version__
 

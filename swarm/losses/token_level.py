@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from swarm.losses.base import (
