@@ -7,7 +7,6 @@ initial peers, so losing one does not split the swarm.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from pathlib import Path
@@ -40,9 +39,10 @@ def run_bootstrap(
     from swarm.fabric.dht import start_dht
     from swarm.fabric.records import list_members
 
+    from peers.common import install_stop_signals
+
     stop = stop or threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    install_stop_signals(stop)
     if transport == "grpc":
         return _run_registry(run_id=run_id, host=host, port=port, status_every_s=status_every_s, echo=echo, stop=stop)
     dht, _ = start_dht(run_id, initial_peers=initial_peers, host_maddrs=listen_maddrs(host, port), identity_path=identity_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -221,7 +222,7 @@ class GrpcFabric:
         from swarm import __version__
 
         record = {"role": role, "peer_id": self.peer_id, "model": model, "model_hash": model_hash, "version": int(version),
-                  "rollouts": int(rollouts), "tokens_per_s": float(tokens_per_s), "software": __version__, "time": _now()}
+                  "rollouts": int(rollouts), "tokens_per_s": float(tokens_per_s), "software": __version__, "time": time.time()}
         reply = self._call("Heartbeat", {"run_id": self.run_id, "peer_id": self.peer_id, "token": self._token,
                                          "record": record, "expiry_s": self.expiry_s})
         if reply.get("ok"):
@@ -245,7 +246,7 @@ class GrpcFabric:
     def announce(self, version: int, digest: str) -> bool:
         from swarm.fabric.records import VersionAnnouncement
 
-        payload = pack(VersionAnnouncement(version=version, hash=digest, peer_id=self.peer_id, time=_now()).dict())
+        payload = pack(VersionAnnouncement(version=version, hash=digest, peer_id=self.peer_id, time=time.time()).dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))
@@ -282,12 +283,6 @@ class GrpcFabric:
         if self.server is not None:
             self.server.stop()
         self.channels.close()
-
-
-def _now() -> float:
-    import time
-
-    return float(time.time())
 
 
 def join_grpc(run_id: str, registry: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1", port: int = 0,
