@@ -25,11 +25,11 @@ def machine() -> dict:
     }
 
 
-def write_result(name: str, figures: dict, markdown: str) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write_result(name: str, figures: dict, markdown: str, out: Path = RESULTS) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown)
+    (out / f"{name}.md").write_text(markdown)
     return path
 
 

@@ -2,8 +2,8 @@
 rollouts from past versions of its own policy, at several maximum staleness levels and seeds,
 with held-out accuracy every few steps.
 
-    python -m benchmarks.staleness --quick     # ~5 min: gepo, grpo, gspo; staleness 0 and 64; 1 seed
-    python -m benchmarks.staleness             # the full study: 8 losses x {0, 8, 64} x 3 seeds
+    python -m benchmarks.staleness --quick     # a few minutes: gepo, grpo, gspo; staleness 0 and 64; 1 seed; 40 steps
+    python -m benchmarks.staleness             # the full study: 8 losses x {0, 8, 64} x 3 seeds; 60 steps
 
 Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (capped by the
 versions that exist); K = 0 is online RL. Seeds, prompts, schedule and evaluation are the same for
@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 
 from benchmarks.common import RESULTS, markdown_table, write_result
 
@@ -109,7 +113,16 @@ def advantage_error_by_staleness(runs: list[dict], levels: list[int]) -> list[li
     return rows
 
 
-def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
+def training_data_by_level(runs: list[dict], levels: list[int]) -> list[list]:
+    rows = []
+    for k in levels:
+        hs = [h for r in runs if r["staleness"] == k for h in r["history"]]
+        if hs:
+            rows.append([k, statistics.mean(h["reward_mean"] for h in hs), statistics.mean(h["staleness_mean"] for h in hs)])
+    return rows
+
+
+def plot(runs: list[dict], losses: list[str], levels: list[int], out) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +143,7 @@ def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "staleness_curves.png", dpi=110)
+    fig.savefig(out / "staleness_curves.png", dpi=110)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
@@ -157,8 +170,37 @@ def plot(runs: list[dict], losses: list[str], levels: list[int]) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, markerscale=3)
     fig.tight_layout()
-    fig.savefig(RESULTS / "staleness_diagnostics.png", dpi=110)
+    fig.savefig(out / "staleness_diagnostics.png", dpi=110)
     plt.close(fig)
+
+
+def _start_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_job(job: tuple) -> dict:
+    return run_one(*job)
+
+
+def run_jobs(jobs: list[tuple], workers: int, on_result) -> None:
+    """Runs (loss, staleness, seed, args) jobs, `workers` processes at a time.
+
+    Tiny models use CPU threads poorly: two single-thread processes finish two runs in the time one
+    two-thread process takes for one (measured on the 2-core CI machine), so the full study runs
+    one process per core. Each run is seeded on its own, so results do not depend on the order.
+    """
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    if workers == 1:
+        _start_worker(threads)
+        for job in jobs:
+            on_result(run_one(*job))
+        return
+    context = multiprocessing.get_context("spawn")  # no forked torch thread pools
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=(threads,)) as pool:
+        for future in as_completed([pool.submit(_run_job, job) for job in jobs]):
+            on_result(future.result())
 
 
 def main(argv=None) -> int:
@@ -167,31 +209,50 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="gepo, grpo, gspo at staleness 0 and 64, one seed, short")
     parser.add_argument("--losses", default=None, help="comma-separated (default: all, or the quick set)")
     parser.add_argument("--staleness", default=None, help="comma-separated maximum staleness levels (default 0,8,64)")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per loss and level (default 3, 1 with --quick)")
+    parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default 60, 40 with --quick)")
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=2e-4,
+                        help="the same for every loss; 2e-4 is where staleness visibly hurts (README, 'Staleness study')")
     parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--advantage-every", type=int, default=None,
-                        help="every this many steps, the error of the estimated expected advantage (0: never; default 5, 10 with --quick)")
-    parser.add_argument("--eval-problems", type=int, default=100)
+    parser.add_argument("--advantage-every", type=int, default=10,
+                        help="every this many steps, the error of the estimated expected advantage (0: never)")
+    parser.add_argument("--eval-problems", type=int, default=None,
+                        help="held-out problems per evaluation (default 200 of the 500, 100 with --quick)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="runs in parallel, one process each (default: one per core, at most 2)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go (default benchmarks/results)")
     parser.add_argument("--from-partial", action="store_true",
                         help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
     args = parser.parse_args(argv)
     losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
     seeds = args.seeds or (1 if args.quick else 3)
-    args.steps = args.steps or 40
-    if args.advantage_every is None:
-        args.advantage_every = 10 if args.quick else 5
-    import torch
+    args.steps = args.steps or (40 if args.quick else 60)
+    args.eval_problems = args.eval_problems or (100 if args.quick else 200)
+    from swarm.losses import LOSSES
 
-    torch.set_num_threads(2)
-    runs = []
+    unknown = [loss for loss in losses if loss not in LOSSES]
+    if unknown or args.workers < 1 or any(k < 0 for k in levels):
+        parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSSES)}" if unknown else
+                     "--workers must be >= 1 and staleness levels >= 0")
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "staleness_runs.partial.jsonl"  # survives an interrupted study
+    runs: list[dict] = []
     total = len(losses) * len(levels) * seeds
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    partial = RESULTS / "staleness_runs.partial.jsonl"  # survives an interrupted study
+    started = time.time()
+
+    def record(run: dict) -> None:
+        runs.append(run)
+        with partial.open("a") as f:
+            f.write(json.dumps(run) + "\n")
+        eta = (time.time() - started) / len(runs) * (total - len(runs))
+        print(f"[{len(runs)}/{total}] {run['loss']:8s} staleness {run['staleness']:3d} seed {run['seed']}: "
+              f"initial {run['initial']:.3f} best {run['best']:.3f} last {run['last']:.3f} "
+              f"({run['seconds']:.0f}s; about {eta / 60:.0f} min left)", flush=True)
+
     if args.from_partial:
         runs = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
         losses = [l for l in losses if any(r["loss"] == l for r in runs)]
@@ -199,26 +260,24 @@ def main(argv=None) -> int:
         seeds = len({r["seed"] for r in runs})
     else:
         partial.write_text("")
-    for seed in range(0 if args.from_partial else seeds):
-        for k in levels:
-            for loss in losses:
-                run = run_one(loss, k, seed, args)
-                runs.append(run)
-                with partial.open("a") as f:
-                    f.write(json.dumps(run) + "\n")
-                print(f"[{len(runs)}/{total}] {loss:8s} staleness {k:3d} seed {seed}: initial {run['initial']:.3f} "
-                      f"best {run['best']:.3f} last {run['last']:.3f} ({run['seconds']:.0f}s)", flush=True)
+        # Seed-major order: an interrupted study leaves whole seeds behind.
+        jobs = [(loss, k, seed, args) for seed in range(seeds) for k in levels for loss in losses]
+        run_jobs(jobs, args.workers, record)
+    runs.sort(key=lambda r: (r["seed"], levels.index(r["staleness"]), losses.index(r["loss"])))
     rows, summary = summarise(runs, losses, levels)
     corr = correlations(runs)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(runs, losses, levels)
-    settings = {k: v for k, v in vars(args).items()}
+    plot(runs, losses, levels, out)
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     md = ["# Staleness study\n\n",
-          f"Settings: {json.dumps(settings)}; losses {losses}; maximum staleness {levels}; {seeds} seed(s).\n",
+          f"Settings: {json.dumps(settings)}; losses {losses}; maximum staleness {levels}; {seeds} seed(s); "
+          f"{(time.time() - started) / 60:.0f} min with {args.workers} worker(s).\n",
           "Held-out pass@1 (T=1) on the arithmetic test split, in %, mean ± sd over seeds.\n\n",
           markdown_table(["loss", "max staleness", "best", "last", "best - last", "seeds"], rows),
           f"\n## Drop of last accuracy from staleness {min(levels)} to {max(levels)}\n\n",
           markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"], drops(summary, losses, levels)),
+          "\n## What the learner trained on: mean reward of its rollout groups and mean staleness, by level\n\n"
+          "Stale groups come from older, weaker policies: no importance weight can add the signal they lack.\n\n",
+          markdown_table(["max staleness", "train reward", "mean staleness (steps)"], training_data_by_level(runs, levels)),
           "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
           markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
           "\n## Error of the estimated expected advantage, by staleness (all losses' runs)\n\n"
@@ -228,7 +287,7 @@ def main(argv=None) -> int:
           "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
     if args.from_partial:
         md.insert(1, f"**Interrupted study: {len(runs)} of {total} planned runs.** ")
-    write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md))
+    write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md), out)
     if not args.from_partial:
         partial.unlink()
     print("".join(md))
