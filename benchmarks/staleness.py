@@ -238,8 +238,10 @@ def main(argv=None) -> int:
         parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSSES)}" if unknown else
                      "--workers must be >= 1 and staleness levels >= 0")
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     partial = out / "staleness_runs.partial.jsonl"  # survives an interrupted study
+    if args.from_partial and not partial.is_file():
+        parser.error(f"--from-partial: no {partial}; it is written while a study runs and removed when one finishes")
+    out.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     total = len(losses) * len(levels) * seeds
     started = time.time()
