@@ -75,6 +75,51 @@ def drops(summary: dict, losses: list[str], levels: list[int]) -> list[list]:
     return out
 
 
+def mean_curve(runs: list[dict], loss: str, level: int) -> list[tuple[int, float]]:
+    """(step, pass@1 averaged over seeds) at every evaluation of one loss at one staleness level."""
+    sel = [r for r in runs if r["loss"] == loss and r["staleness"] == level]
+    if not sel:
+        return []
+    return [(e["step"], statistics.mean(r["evals"][j]["pass_at_1"] for r in sel)) for j, e in enumerate(sel[0]["evals"])]
+
+
+def first_step_reaching(curve: list[tuple[int, float]], accuracy: float) -> float | None:
+    """The step at which a learning curve first reaches `accuracy` (linear between evaluations);
+    None when it never does."""
+    for (s0, a0), (s1, a1) in zip(curve, curve[1:]):
+        if a0 >= accuracy:
+            return float(s0)
+        if a1 >= accuracy:
+            return s0 + (s1 - s0) * (accuracy - a0) / (a1 - a0)
+    return float(curve[-1][0]) if curve and curve[-1][1] >= accuracy else None
+
+
+def online_equivalent_steps(runs: list[dict], losses: list[str], levels: list[int]) -> list[list]:
+    """How far behind online training each stale run ended, in steps of the same loss's online run.
+
+    Stale data lag the learner: a learner whose groups are d steps old at the end can be expected to
+    end roughly where online training was d steps earlier, even with a perfect importance weight.
+    So a stale run's last accuracy is placed on its own loss's online curve (the step at which online
+    training first reached it) and set beside that lag-only expectation, steps - d; a loss below it
+    lost more than the data's age explains. A crude yardstick (online curves are noisy and flatten),
+    but it separates "learned late" from "learned wrong".
+    """
+    rows = []
+    for k in [k for k in levels if k > 0]:
+        for loss in losses:
+            online, stale = mean_curve(runs, loss, 0), mean_curve(runs, loss, k)
+            if not online or not stale:
+                continue
+            steps = stale[-1][0]
+            tail = [h["staleness_mean"] for r in runs if r["loss"] == loss and r["staleness"] == k
+                    for h in r["history"] if h["step"] > steps - 10]
+            lag = statistics.mean(tail) if tail else float("nan")
+            reached = first_step_reaching(online, stale[-1][1])
+            rows.append([loss, k, f"{100 * stale[-1][1]:.1f}", "not reached" if reached is None else round(reached),
+                         round(steps - lag)])
+    return rows
+
+
 def correlations(runs: list[dict]) -> dict:
     import numpy as np
 
@@ -174,6 +219,55 @@ def plot(runs: list[dict], losses: list[str], levels: list[int], out) -> None:
     plt.close(fig)
 
 
+def report(runs: list[dict], losses: list[str], levels: list[int], seeds: int, settings: dict, minutes: float,
+           out: Path, note: str = "", measured_on: dict | None = None) -> str:
+    """Writes staleness.json (settings, summary, correlations, every run), staleness.md and the plots.
+    `measured_on`: the machine record of the runs, when they were not measured just now."""
+    rows, summary = summarise(runs, losses, levels)
+    corr = correlations(runs)
+    plot(runs, losses, levels, out)
+    md = ["# Staleness study\n\n", note,
+          f"Settings: {json.dumps(settings)}; losses {losses}; maximum staleness {levels}; {seeds} seed(s); "
+          f"{minutes:.0f} min with {settings.get('workers', 1)} worker(s).\n",
+          "Held-out pass@1 (T=1) on the arithmetic test split, in %, mean ± sd over seeds.\n\n",
+          markdown_table(["loss", "max staleness", "best", "last", "best - last", "seeds"], rows),
+          f"\n## Drop of last accuracy from staleness {min(levels)} to {max(levels)}\n\n",
+          markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"],
+                         drops(summary, losses, levels)),
+          "\n## What the learner trained on: mean reward of its rollout groups and mean staleness, by level\n\n"
+          "Stale groups come from older, weaker policies: no importance weight can add the signal they lack.\n\n",
+          markdown_table(["max staleness", "train reward", "mean staleness (steps)"], training_data_by_level(runs, levels)),
+          "\n## Late or wrong: where each stale run ended on its own loss's online curve\n\n"
+          "The online step at which the same loss first reached the stale run's last accuracy, beside the step that the "
+          "data's age alone predicts (steps - mean staleness of the last 10 steps' groups). Below the prediction: the loss "
+          "lost more than the lag explains.\n\n",
+          markdown_table(["loss", "max staleness", "last", "online step reaching it", "lag-only prediction"],
+                         online_equivalent_steps(runs, losses, levels)),
+          "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
+          markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
+          "\n## Error of the estimated expected advantage, by staleness (all losses' runs)\n\n"
+          "|E_p[A] - E_q[w A]| per group, E_p[A] from fresh samples of the learner's policy (swarm/diagnostics.py).\n\n",
+          markdown_table(["max staleness", "gepo weight", "sequence ratio", "token ratio", "steps"],
+                         advantage_error_by_staleness(runs, levels)),
+          "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
+    figures = {"settings": settings, "minutes": minutes, "summary": summary, "correlations": corr, "runs": runs}
+    write_result("staleness", {**figures, "machine": measured_on} if measured_on else figures, "".join(md), out)
+    return "".join(md)
+
+
+def report_again(out: Path) -> str:
+    """Rewrites the report of a finished study from its staleness.json (after the analysis changed)."""
+    result = json.loads((out / "staleness.json").read_text())
+    runs, settings = result["runs"], result["settings"]
+    settings.pop("out", None)  # older files kept an absolute path here
+    losses = list(dict.fromkeys(r["loss"] for r in runs))
+    levels = sorted({r["staleness"] for r in runs})
+    # Older files lack the wall time; the runs' total over the workers comes close to it.
+    minutes = result.get("minutes") or sum(r["seconds"] for r in runs) / 60 / settings.get("workers", 1)
+    return report(runs, losses, levels, len({r["seed"] for r in runs}), settings, minutes, out,
+                  measured_on=result.get("machine"))
+
+
 def _start_worker(threads: int) -> None:
     import torch
 
@@ -225,7 +319,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go (default benchmarks/results)")
     parser.add_argument("--from-partial", action="store_true",
                         help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rewrite the report (tables, plots) of the finished study in --out from its staleness.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        if not (args.out / "staleness.json").is_file():
+            parser.error(f"--report-only: no {args.out / 'staleness.json'}; run the study first")
+        print(report_again(args.out))
+        return 0
     losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
     seeds = args.seeds or (1 if args.quick else 3)
@@ -266,33 +367,16 @@ def main(argv=None) -> int:
         jobs = [(loss, k, seed, args) for seed in range(seeds) for k in levels for loss in losses]
         run_jobs(jobs, args.workers, record)
     runs.sort(key=lambda r: (r["seed"], levels.index(r["staleness"]), losses.index(r["loss"])))
-    rows, summary = summarise(runs, losses, levels)
-    corr = correlations(runs)
-    plot(runs, losses, levels, out)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    md = ["# Staleness study\n\n",
-          f"Settings: {json.dumps(settings)}; losses {losses}; maximum staleness {levels}; {seeds} seed(s); "
-          f"{(time.time() - started) / 60:.0f} min with {args.workers} worker(s).\n",
-          "Held-out pass@1 (T=1) on the arithmetic test split, in %, mean ± sd over seeds.\n\n",
-          markdown_table(["loss", "max staleness", "best", "last", "best - last", "seeds"], rows),
-          f"\n## Drop of last accuracy from staleness {min(levels)} to {max(levels)}\n\n",
-          markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"], drops(summary, losses, levels)),
-          "\n## What the learner trained on: mean reward of its rollout groups and mean staleness, by level\n\n"
-          "Stale groups come from older, weaker policies: no importance weight can add the signal they lack.\n\n",
-          markdown_table(["max staleness", "train reward", "mean staleness (steps)"], training_data_by_level(runs, levels)),
-          "\n## Diagnostics (Pearson correlation over all steps of all runs)\n\n",
-          markdown_table(["pair", "r"], [[k, v] for k, v in corr.items()]),
-          "\n## Error of the estimated expected advantage, by staleness (all losses' runs)\n\n"
-          "|E_p[A] - E_q[w A]| per group, E_p[A] from fresh samples of the learner's policy (swarm/diagnostics.py).\n\n",
-          markdown_table(["max staleness", "gepo weight", "sequence ratio", "token ratio", "steps"],
-                         advantage_error_by_staleness(runs, levels)),
-          "\nPlots: staleness_curves.png, staleness_diagnostics.png.\n"]
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only")}  # out: no machine's paths in results
     if args.from_partial:
-        md.insert(1, f"**Interrupted study: {len(runs)} of {total} planned runs.** ")
-    write_result("staleness", {"settings": settings, "summary": summary, "correlations": corr, "runs": runs}, "".join(md), out)
+        note = f"**Interrupted study: {len(runs)} of {total} planned runs.** "
+        minutes = sum(r["seconds"] for r in runs) / 60 / args.workers
+    else:
+        note, minutes = "", (time.time() - started) / 60
+    md = report(runs, losses, levels, seeds, settings, minutes, out, note)
     if not args.from_partial:
         partial.unlink()
-    print("".join(md))
+    print(md)
     return 0
 
 

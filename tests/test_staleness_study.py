@@ -42,6 +42,13 @@ def test_study_runs_every_job_in_two_workers_and_writes_the_report(tmp_path):
     assert not (tmp_path / "staleness_runs.partial.jsonl").exists()
     assert "[8/8]" in out.stdout
 
+    # The report can be rewritten from the results file alone, with the runs and their machine untouched.
+    again = study("--report-only", "--out", str(tmp_path), timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rewritten = json.loads((tmp_path / "staleness.json").read_text())
+    assert rewritten["runs"] == result["runs"] and rewritten["machine"] == result["machine"]
+    assert (tmp_path / "staleness.md").read_text() == md
+
 
 @pytest.mark.slow
 def test_an_interrupted_study_is_reported_from_its_partial_runs(tmp_path):
@@ -67,6 +74,33 @@ def test_bad_study_options_are_named(tmp_path, args, message):
     out = study(*args, "--out", str(tmp_path), timeout=60)
     assert out.returncode == 2 and message in out.stderr
     assert not (tmp_path / "staleness_runs.partial.jsonl").exists()
+
+
+def test_report_only_without_a_finished_study_says_so(tmp_path):
+    out = study("--report-only", "--out", str(tmp_path), timeout=60)
+    assert out.returncode == 2 and "no " + str(tmp_path / "staleness.json") in out.stderr
+
+
+def curve_run(loss: str, staleness: int, seed: int, accs: list[float], staleness_mean: float = 0.0) -> dict:
+    return {"loss": loss, "staleness": staleness, "seed": seed,
+            "evals": [{"step": 10 * i, "pass_at_1": a} for i, a in enumerate(accs)],
+            "history": [{"step": s, "staleness_mean": staleness_mean} for s in range(1, 10 * (len(accs) - 1) + 1)]}
+
+
+def test_a_stale_run_is_placed_on_its_own_losses_online_curve():
+    from benchmarks.staleness import first_step_reaching, online_equivalent_steps
+
+    online = [(0, 0.1), (10, 0.2), (20, 0.4), (30, 0.4)]
+    assert first_step_reaching(online, 0.3) == pytest.approx(15.0)  # halfway between the evaluations at 10 and 20
+    assert first_step_reaching(online, 0.05) == 0.0 and first_step_reaching(online, 0.4) == 20.0
+    assert first_step_reaching(online, 0.5) is None
+    runs = [curve_run("gepo", 0, 0, [0.1, 0.2, 0.4, 0.4]), curve_run("gepo", 0, 1, [0.1, 0.2, 0.4, 0.6]),
+            curve_run("gepo", 8, 0, [0.1, 0.2, 0.25, 0.3], staleness_mean=4.0),
+            curve_run("gepo", 8, 1, [0.1, 0.2, 0.25, 0.3], staleness_mean=6.0),
+            curve_run("grpo", 8, 0, [0.1, 0.2, 0.2, 0.2], staleness_mean=4.0)]  # no online run: no row
+    # Seeds averaged: online curve 0.1, 0.2, 0.4, 0.5; the stale runs end at 0.3, reached at step 15;
+    # the last 10 steps' groups were 5 steps old on average, so the lag alone predicts step 25.
+    assert online_equivalent_steps(runs, ["gepo", "grpo"], [0, 8]) == [["gepo", 8, "30.0", 15, 25]]
 
 
 def test_from_partial_without_an_interrupted_study_says_so(tmp_path):
