@@ -40,7 +40,7 @@ def run_one(loss: str, staleness: int, seed: int, args) -> dict:
     started = time.time()
     result = run_local(config)
     keep = ("step", "reward_mean", "staleness_mean", "staleness_max", "kl_learner_sampler", "kl_sampler_learner",
-            "is_weight_var", "is_weight_mean", "clip_frac", "loss", "adv_err_gepo", "adv_err_seq", "adv_err_token")
+            "is_weight_var", "is_weight_mean", "clip_frac", "loss", "grad_norm", "adv_err_gepo", "adv_err_seq", "adv_err_token")
     history = [{k: h[k] for k in keep if k in h} for h in result["history"]]
     accs = [e["pass_at_1"] for e in result["evals"]]
     return {"loss": loss, "staleness": staleness, "seed": seed, "evals": result["evals"], "history": history,
