@@ -5,9 +5,9 @@ with held-out accuracy every few steps.
     python -m benchmarks.staleness --quick     # a few minutes: gepo, grpo, gspo; staleness 0 and 64; 1 seed; 40 steps
     python -m benchmarks.staleness             # the full study: 8 losses x {0, 8, 64} x 3 seeds; 60 steps
 
-Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (capped by the
-versions that exist); K = 0 is online RL. Seeds, prompts, schedule and evaluation are the same for
-every loss, so differences come from the loss alone. Writes benchmarks/results/staleness.json,
+Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (or, with
+--delay-shape, always K or log-normal as in the paper), capped by the versions that exist; K = 0 is
+online RL. Seeds, prompts, schedule and evaluation are the same for every loss, so differences come from the loss alone. Writes benchmarks/results/staleness.json,
 staleness.md, staleness_curves.png and staleness_diagnostics.png.
 """
 
@@ -27,13 +27,29 @@ from benchmarks.common import RESULTS, markdown_table, write_result
 ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo"]
 
 
+DELAY_SHAPES = ("uniform", "fixed", "lognormal")
+
+
+def delay_spec(shape: str, staleness: int) -> str:
+    """The delay distribution (swarm/staleness.py) of maximum staleness K in the given shape.
+
+    lognormal keeps the paper's proportions: delays of 60..1920 s at 30 s per step are 2..64 steps,
+    so K steps becomes a log-normal between K/32 and K steps (K * 30 / 32 .. K * 30 s at 30 s/step).
+    """
+    if staleness == 0:
+        return "none"
+    if shape == "lognormal":
+        return f"lognormal:{staleness * 30 / 32:g},{staleness * 30},30"
+    return f"{shape}:{staleness}"
+
+
 def run_one(loss: str, staleness: int, seed: int, args) -> dict:
     from swarm.local_training import LocalRunConfig, run_local
     from swarm.losses import LossConfig
 
     config = LocalRunConfig(
         loss=LossConfig(name=loss), steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-        lr=args.lr, delay="none" if staleness == 0 else f"uniform:{staleness}", max_staleness=max(staleness, 0),
+        lr=args.lr, delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness), max_staleness=max(staleness, 0),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
         advantage_diagnostic_every=args.advantage_every,
     )
@@ -303,6 +319,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="gepo, grpo, gspo at staleness 0 and 64, one seed, short")
     parser.add_argument("--losses", default=None, help="comma-separated (default: all, or the quick set)")
     parser.add_argument("--staleness", default=None, help="comma-separated maximum staleness levels (default 0,8,64)")
+    parser.add_argument("--delay-shape", choices=DELAY_SHAPES, default="uniform",
+                        help="how each group's delay is drawn up to the maximum staleness K: uniform over 0..K (default), "
+                             "always K, or the paper's log-normal between K/32 and K")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per loss and level (default 3, 1 with --quick)")
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default 60, 40 with --quick)")
     parser.add_argument("--prompts-per-step", type=int, default=8)

@@ -65,10 +65,21 @@ def test_an_interrupted_study_is_reported_from_its_partial_runs(tmp_path):
     assert "Interrupted study: 1 of 12 planned runs" in (tmp_path / "staleness.md").read_text()
 
 
+@pytest.mark.slow
+def test_a_fixed_delay_shape_trains_on_groups_exactly_that_old(tmp_path):
+    out = study("--losses", "grpo", "--staleness", "2", "--delay-shape", "fixed", "--seeds", "1", "--workers", "1",
+                "--out", str(tmp_path), *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run] = json.loads((tmp_path / "staleness.json").read_text())["runs"]
+    # Always 2 versions behind, except where fewer versions exist yet (the first steps).
+    assert [h["staleness_mean"] for h in run["history"]] == [0, 1, 2]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--losses", "gepo,ppo2"], "unknown loss(es) ['ppo2']"),
     (["--workers", "0"], "--workers must be >= 1"),
     (["--staleness", "0,-8"], "staleness levels >= 0"),
+    (["--delay-shape", "poisson"], "invalid choice: 'poisson'"),
 ])
 def test_bad_study_options_are_named(tmp_path, args, message):
     out = study(*args, "--out", str(tmp_path), timeout=60)
@@ -106,3 +117,13 @@ def test_a_stale_run_is_placed_on_its_own_losses_online_curve():
 def test_from_partial_without_an_interrupted_study_says_so(tmp_path):
     out = study("--from-partial", "--out", str(tmp_path), timeout=60)
     assert out.returncode == 2 and "no " + str(tmp_path / "staleness_runs.partial.jsonl") in out.stderr
+
+
+def test_delay_shapes_map_a_maximum_staleness_to_a_delay_distribution():
+    from benchmarks.staleness import delay_spec
+    from swarm.staleness import DelayDistribution
+
+    assert delay_spec("lognormal", 64) == "lognormal:60,1920,30"  # the paper's 60..1920 s at 30 s per step
+    for shape in ("uniform", "fixed", "lognormal"):
+        assert delay_spec(shape, 0) == "none"
+        assert DelayDistribution.parse(delay_spec(shape, 8)).max_steps == 8
