@@ -7,8 +7,9 @@ with held-out accuracy every few steps.
 
 Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (or, with
 --delay-shape, always K or log-normal as in the paper), capped by the versions that exist; K = 0 is
-online RL. Seeds, prompts, schedule and evaluation are the same for every loss, so differences come from the loss alone. Writes benchmarks/results/staleness.json,
-staleness.md, staleness_curves.png and staleness_diagnostics.png.
+online RL. Seeds, prompts, schedule and evaluation are the same for every loss, so differences come
+from the loss alone. Writes benchmarks/results/staleness.json, staleness.md, staleness_curves.png and
+staleness_diagnostics.png.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def plot(runs: list[dict], losses: list[str], levels: list[int], out) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False)
+    # One accuracy scale for every staleness level, so that the drop shows.
+    fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False, sharey=True)
     for ax, k in zip(axes[0], levels):
         for i, loss in enumerate(losses):
             sel = [r for r in runs if r["loss"] == loss and r["staleness"] == k]
