@@ -12,6 +12,7 @@ import copy
 import json
 import random
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -70,7 +71,11 @@ def run_local(
 
     delay = DelayDistribution.parse(config.delay)
     torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
+    rng = random.Random(config.seed)  # prompts and sampling seeds
+    # Delays come from their own stream, so that every staleness level (and the online run, which
+    # draws none) sees the same prompts and sampling seeds: a drop from staleness 0 to K then comes
+    # from the age of the data, not from a different prompt sequence.
+    delay_rng = random.Random(config.seed * 1_000_003 + 7)
     model, tokenizer = load_policy(config.model)
     sampler_model = copy.deepcopy(model).eval()
     learner = LearnerCore(model, tokenizer.pad_token_id, loss=config.loss, lr=config.lr, max_grad_norm=config.max_grad_norm)
@@ -106,7 +111,7 @@ def run_local(
             groups = []
             per_sampler = -(-len(problems) // config.virtual_samplers)
             for s in range(0, len(problems), per_sampler):
-                version = sampler_version(learner.version, delay.draw(rng), ring, config.max_staleness)
+                version = sampler_version(learner.version, delay.draw(delay_rng), ring, config.max_staleness)
                 sampler_model.load_state_dict(ring.get(version))
                 params.seed = rng.randrange(2**31)
                 groups += produce_rollouts(sampler, scorer, problems[s : s + per_sampler], params, version=version, sampler_id=f"virtual-{s}")
@@ -121,7 +126,9 @@ def run_local(
             metrics.update(diagnostic)
             schedule.step()
             ring.publish(learner.version, model)
-            metrics.update(step=step + 1, seconds=time.time() - started, lr=schedule.get_last_lr()[0])
+            # A digest of the step's prompts, so that runs can be checked to have seen the same ones.
+            prompts_crc = zlib.crc32(",".join(p.problem_id for p in problems).encode())
+            metrics.update(step=step + 1, seconds=time.time() - started, lr=schedule.get_last_lr()[0], prompts_crc=prompts_crc)
             history.append(metrics)
             if log:
                 log.write(json.dumps(metrics) + "\n")

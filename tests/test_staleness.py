@@ -105,3 +105,17 @@ def test_advantage_error_is_the_same_for_every_ratio_on_fresh_rollouts():
     assert out["adv_groups"] >= 3  # some groups have mixed rewards
     assert math.isclose(out["adv_err_seq"], out["adv_err_token"], rel_tol=1e-3, abs_tol=1e-4)
     assert 0 <= out["adv_err_gepo"] < 10
+
+
+def test_every_staleness_level_sees_the_same_prompts_as_online_training():
+    from swarm.local_training import LocalRunConfig, run_local
+
+    tiny = dict(steps=4, prompts_per_step=2, group_size=2, eval_every=4, eval_problems=2, seed=3)
+    online = run_local(LocalRunConfig(delay="none", **tiny))["history"]
+    stale = run_local(LocalRunConfig(delay="uniform:2", **tiny))["history"]
+    assert 0 < max(h["staleness_max"] for h in stale) <= 2
+    # Delays come from their own random stream: the prompt sequence does not depend on them, and the
+    # first step (where every version is 0) trains on exactly the same rollouts.
+    assert [h["prompts_crc"] for h in stale] == [h["prompts_crc"] for h in online]
+    assert len({h["prompts_crc"] for h in online}) == 4
+    assert stale[0]["reward_mean"] == online[0]["reward_mean"] and stale[0]["loss"] == online[0]["loss"]
