@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -315,6 +316,31 @@ def run_jobs(jobs: list[tuple], workers: int, on_result) -> None:
             on_result(future.result())
 
 
+# What a run's result depends on besides its loss, level and seed: a resumed study must keep these.
+TRAINING_SETTINGS = ("steps", "prompts_per_step", "group_size", "lr", "eval_every", "advantage_every",
+                     "eval_problems", "delay_shape")
+
+
+def read_partial(partial: Path) -> tuple[dict | None, list[dict], int]:
+    """(settings of the interrupted study or None for older files, its finished runs, lines unreadable).
+
+    A study killed while writing leaves its last line cut short; that run is lost, not misread."""
+    settings, runs, unreadable = None, [], 0
+    for line in partial.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            unreadable += 1
+            continue
+        if "loss" in item:
+            runs.append(item)
+        elif "settings" in item:
+            settings = item["settings"]
+    return settings, runs, unreadable
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.staleness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -340,6 +366,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results go (default benchmarks/results)")
     parser.add_argument("--from-partial", action="store_true",
                         help="only write the report from the runs an interrupted study left in staleness_runs.partial.jsonl")
+    parser.add_argument("--resume", action="store_true",
+                        help="finish an interrupted study: keep the runs in staleness_runs.partial.jsonl, run the rest")
     parser.add_argument("--report-only", action="store_true",
                         help="only rewrite the report (tables, plots) of the finished study in --out from its staleness.json")
     args = parser.parse_args(argv)
@@ -361,8 +389,32 @@ def main(argv=None) -> int:
                      "--workers must be >= 1 and staleness levels >= 0")
     out: Path = args.out
     partial = out / "staleness_runs.partial.jsonl"  # survives an interrupted study
-    if args.from_partial and not partial.is_file():
-        parser.error(f"--from-partial: no {partial}; it is written while a study runs and removed when one finishes")
+    if (args.from_partial or args.resume) and not partial.is_file():
+        flag = "--from-partial" if args.from_partial else "--resume"
+        parser.error(f"{flag}: no {partial}; it is written while a study runs and removed when one finishes")
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only", "resume")}  # out: no machine's paths
+    earlier_settings, earlier, unreadable = read_partial(partial) if partial.is_file() else (None, [], 0)
+    if earlier and not (args.from_partial or args.resume):
+        parser.error(f"{partial} holds {len(earlier)} run(s) of an interrupted study: --resume finishes it, "
+                     "--from-partial reports it, or delete the file to start over")
+    if args.resume and args.from_partial:
+        parser.error("--resume and --from-partial: choose one (finish the study, or report what it left)")
+    planned = [(loss, k, seed) for seed in range(seeds) for k in levels for loss in losses]  # seed-major:
+    # an interrupted study leaves whole seeds behind
+    unplanned = sorted({(r["loss"], r["staleness"], r["seed"]) for r in earlier} - set(planned))
+    if args.resume and unplanned:
+        parser.error(f"--resume: the interrupted study has runs this one does not plan ({unplanned[:3]}"
+                     f"{'...' if len(unplanned) > 3 else ''}); give "
+                     "its --losses, --staleness and --seeds (or more of them)")
+    if args.resume and earlier_settings:
+        changed = [k for k in TRAINING_SETTINGS if earlier_settings.get(k) != settings.get(k)]
+        if changed:
+            parser.error("--resume: the interrupted study ran with other settings ("
+                         + ", ".join(f"{k}={earlier_settings.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+                         + "); give the same options, or delete the file to start over")
+    if unreadable:
+        print(f"{partial}: {unreadable} line(s) cut short when the study was stopped; those runs are run again",
+              file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     total = len(losses) * len(levels) * seeds
@@ -372,28 +424,31 @@ def main(argv=None) -> int:
         runs.append(run)
         with partial.open("a") as f:
             f.write(json.dumps(run) + "\n")
-        eta = (time.time() - started) / len(runs) * (total - len(runs))
+        eta = (time.time() - started) / (len(runs) - resumed) * (total - len(runs))
         print(f"[{len(runs)}/{total}] {run['loss']:8s} staleness {run['staleness']:3d} seed {run['seed']}: "
               f"initial {run['initial']:.3f} best {run['best']:.3f} last {run['last']:.3f} "
               f"({run['seconds']:.0f}s; about {eta / 60:.0f} min left)", flush=True)
 
     if args.from_partial:
-        runs = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+        runs = earlier
         losses = [l for l in losses if any(r["loss"] == l for r in runs)]
         levels = [k for k in levels if any(r["staleness"] == k for r in runs)]
         seeds = len({r["seed"] for r in runs})
     else:
-        partial.write_text("")
-        # Seed-major order: an interrupted study leaves whole seeds behind.
-        jobs = [(loss, k, seed, args) for seed in range(seeds) for k in levels for loss in losses]
-        run_jobs(jobs, args.workers, record)
+        done = {(r["loss"], r["staleness"], r["seed"]): r for r in earlier} if args.resume else {}
+        runs = [done[job] for job in planned if job in done]
+        resumed, resumed_seconds = len(runs), sum(r["seconds"] for r in runs)
+        if resumed:
+            print(f"resuming: {resumed} of {total} runs already done", flush=True)
+        partial.write_text("".join(json.dumps(line) + "\n" for line in [{"settings": settings}, *runs]))
+        run_jobs([(*job, args) for job in planned if job not in done], args.workers, record)
     runs.sort(key=lambda r: (r["seed"], levels.index(r["staleness"]), losses.index(r["loss"])))
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only")}  # out: no machine's paths in results
     if args.from_partial:
         note = f"**Interrupted study: {len(runs)} of {total} planned runs.** "
         minutes = sum(r["seconds"] for r in runs) / 60 / args.workers
-    else:
-        note, minutes = "", (time.time() - started) / 60
+    else:  # a resumed study adds the earlier runs' time as if it had not stopped
+        note = ""
+        minutes = (time.time() - started) / 60 + resumed_seconds / 60 / args.workers
     md = report(runs, losses, levels, seeds, settings, minutes, out, note)
     if not args.from_partial:
         partial.unlink()

@@ -66,6 +66,41 @@ def test_an_interrupted_study_is_reported_from_its_partial_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_interrupted_study_is_not_erased_by_a_new_one_and_resume_runs_only_what_is_missing(tmp_path):
+    out = study("--losses", "gepo", "--staleness", "0", "--seeds", "1", "--workers", "1", "--out", str(tmp_path), *TINY)
+    assert out.returncode == 0, out.stderr[-3000:]
+    [run] = json.loads((tmp_path / "staleness.json").read_text())["runs"]
+    partial = tmp_path / "staleness_runs.partial.jsonl"
+    # Killed while writing its second run: the last line is cut short.
+    partial.write_text(json.dumps(run) + "\n" + json.dumps(run)[:40])
+    args = ["--losses", "gepo,grpo", "--staleness", "0", "--seeds", "1", "--workers", "1", "--out", str(tmp_path), *TINY]
+    again = study(*args, timeout=60)
+    assert again.returncode == 2 and "holds 1 run(s) of an interrupted study: --resume finishes it" in again.stderr
+    assert partial.read_text().startswith(json.dumps(run))  # left as it was
+
+    resumed = study("--resume", *args)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "1 line(s) cut short" in resumed.stderr and "resuming: 1 of 2 runs already done" in resumed.stdout
+    assert "[2/2] grpo" in resumed.stdout and "gepo     staleness" not in resumed.stdout  # gepo is not run again
+    result = json.loads((tmp_path / "staleness.json").read_text())
+    assert [r["loss"] for r in result["runs"]] == ["gepo", "grpo"] and result["runs"][0] == run
+    assert "resume" not in result["settings"] and not partial.exists()
+
+
+def test_resume_refuses_an_interrupted_study_with_other_settings_or_runs(tmp_path):
+    partial = tmp_path / "staleness_runs.partial.jsonl"
+    run = {"loss": "gepo", "staleness": 8, "seed": 0, "seconds": 1.0}
+    partial.write_text(json.dumps({"settings": {"steps": 3, "lr": 2e-4}}) + "\n" + json.dumps(run) + "\n")
+    out = study("--resume", "--losses", "gepo", "--staleness", "8", "--seeds", "1", "--steps", "4", "--out", str(tmp_path), timeout=60)
+    assert out.returncode == 2 and "steps=3, now 4" in out.stderr
+    out = study("--resume", "--losses", "grpo", "--staleness", "8", "--seeds", "1", "--steps", "3", "--out", str(tmp_path), timeout=60)
+    assert out.returncode == 2 and "has runs this one does not plan ([('gepo', 8, 0)]);" in out.stderr
+    out = study("--resume", "--from-partial", "--out", str(tmp_path), timeout=60)
+    assert out.returncode == 2 and "choose one" in out.stderr
+    assert json.loads(partial.read_text().splitlines()[1]) == run  # nothing rewritten
+
+
+@pytest.mark.slow
 def test_a_fixed_delay_shape_trains_on_groups_exactly_that_old(tmp_path):
     out = study("--losses", "grpo", "--staleness", "2", "--delay-shape", "fixed", "--seeds", "1", "--workers", "1",
                 "--out", str(tmp_path), *TINY)
