@@ -37,6 +37,7 @@ def test_study_runs_every_job_in_two_workers_and_writes_the_report(tmp_path):
     assert all(s["seeds"] == 2 for s in result["summary"].values())
     md = (tmp_path / "staleness.md").read_text()
     assert "| gepo | 2 |" in md and "Drop of last accuracy from staleness 0 to 2" in md
+    assert "## Stability, by loss and level" in md and all("grad_norm" in h for r in result["runs"] for h in r["history"])
     assert (tmp_path / "staleness_curves.png").stat().st_size > 10_000
     assert (tmp_path / "staleness_diagnostics.png").stat().st_size > 10_000
     assert not (tmp_path / "staleness_runs.partial.jsonl").exists()
@@ -134,7 +135,7 @@ def curve_run(loss: str, staleness: int, seed: int, accs: list[float], staleness
 
 
 def test_a_stale_run_is_placed_on_its_own_losses_online_curve():
-    from benchmarks.staleness import first_step_reaching, online_equivalent_steps
+    from benchmarks.staleness_report import first_step_reaching, online_equivalent_steps
 
     online = [(0, 0.1), (10, 0.2), (20, 0.4), (30, 0.4)]
     assert first_step_reaching(online, 0.3) == pytest.approx(15.0)  # halfway between the evaluations at 10 and 20
@@ -147,6 +148,23 @@ def test_a_stale_run_is_placed_on_its_own_losses_online_curve():
     # Seeds averaged: online curve 0.1, 0.2, 0.4, 0.5; the stale runs end at 0.3, reached at step 15;
     # the last 10 steps' groups were 5 steps old on average, so the lag alone predicts step 25.
     assert online_equivalent_steps(runs, ["gepo", "grpo"], [0, 8]) == [["gepo", 8, "30.0", 15, 25]]
+
+
+def test_stability_table_reports_gradient_spikes_and_tolerates_older_runs_without_them():
+    from benchmarks.staleness_report import stability_by_loss
+
+    def step(kl, var, clip, norm=None):
+        h = {"kl_learner_sampler": kl, "is_weight_var": var, "clip_frac": clip}
+        return h if norm is None else {**h, "grad_norm": norm}
+
+    norms = [0.5] * 19 + [900.0]  # one spike among twenty steps
+    runs = [{"loss": "topr", "staleness": 8, "seed": 0, "history": [step(0.01, 0.1, 0.2, n) for n in norms]},
+            {"loss": "gepo", "staleness": 8, "seed": 0, "history": [step(0.02, 0.3, 0.0)] * 2}]
+    rows = stability_by_loss(runs, ["gepo", "topr"], [0, 8])
+    assert rows[0] == ["gepo", 8, 0.02, 0.3, 0.0, "-", "-", "-"]
+    assert rows[1][:5] == ["topr", 8, 0.01, pytest.approx(0.1), pytest.approx(0.2)]
+    assert rows[1][5:] == [0.5, 0.5, 900.0]  # median and p95 unmoved, the spike is the maximum
+    assert len(rows) == 2  # no online runs: no rows for level 0
 
 
 def test_from_partial_without_an_interrupted_study_says_so(tmp_path):
