@@ -121,6 +121,35 @@ def read_partial(partial: Path) -> tuple[dict | None, list[dict], int]:
     return settings, runs, unreadable
 
 
+def check_interrupted_study(parser, args, partial: Path, planned: list[tuple], settings: dict) -> list[dict]:
+    """The finished runs an interrupted study left in `partial`, after refusing what would lose or
+    mix them: starting over them, resuming with other settings, or resuming without some of them."""
+    if args.resume and args.from_partial:
+        parser.error("--resume and --from-partial: choose one (finish the study, or report what it left)")
+    if (args.from_partial or args.resume) and not partial.is_file():
+        flag = "--from-partial" if args.from_partial else "--resume"
+        parser.error(f"{flag}: no {partial}; it is written while a study runs and removed when one finishes")
+    earlier_settings, earlier, unreadable = read_partial(partial) if partial.is_file() else (None, [], 0)
+    if earlier and not (args.from_partial or args.resume):
+        parser.error(f"{partial} holds {len(earlier)} run(s) of an interrupted study: --resume finishes it, "
+                     "--from-partial reports it, or delete the file to start over")
+    if args.resume:
+        unplanned = sorted({(r["loss"], r["staleness"], r["seed"]) for r in earlier} - set(planned))
+        if unplanned:
+            parser.error(f"--resume: the interrupted study has runs this one does not plan ({unplanned[:3]}"
+                         f"{'...' if len(unplanned) > 3 else ''}); give its --losses, --staleness and --seeds "
+                         "(or more of them)")
+        changed = [k for k in TRAINING_SETTINGS if earlier_settings and earlier_settings.get(k) != settings.get(k)]
+        if changed:
+            parser.error("--resume: the interrupted study ran with other settings ("
+                         + ", ".join(f"{k}={earlier_settings.get(k)!r}, now {settings.get(k)!r}" for k in changed)
+                         + "); give the same options, or delete the file to start over")
+    if unreadable:
+        fate = "those runs are run again" if args.resume else "those runs are missing from the report"
+        print(f"{partial}: {unreadable} line(s) cut short when the study was stopped; {fate}", file=sys.stderr)
+    return earlier
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.staleness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,32 +198,10 @@ def main(argv=None) -> int:
                      "--workers must be >= 1 and staleness levels >= 0")
     out: Path = args.out
     partial = out / "staleness_runs.partial.jsonl"  # survives an interrupted study
-    if (args.from_partial or args.resume) and not partial.is_file():
-        flag = "--from-partial" if args.from_partial else "--resume"
-        parser.error(f"{flag}: no {partial}; it is written while a study runs and removed when one finishes")
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only", "resume")}  # out: no machine's paths
-    earlier_settings, earlier, unreadable = read_partial(partial) if partial.is_file() else (None, [], 0)
-    if earlier and not (args.from_partial or args.resume):
-        parser.error(f"{partial} holds {len(earlier)} run(s) of an interrupted study: --resume finishes it, "
-                     "--from-partial reports it, or delete the file to start over")
-    if args.resume and args.from_partial:
-        parser.error("--resume and --from-partial: choose one (finish the study, or report what it left)")
     planned = [(loss, k, seed) for seed in range(seeds) for k in levels for loss in losses]  # seed-major:
     # an interrupted study leaves whole seeds behind
-    unplanned = sorted({(r["loss"], r["staleness"], r["seed"]) for r in earlier} - set(planned))
-    if args.resume and unplanned:
-        parser.error(f"--resume: the interrupted study has runs this one does not plan ({unplanned[:3]}"
-                     f"{'...' if len(unplanned) > 3 else ''}); give "
-                     "its --losses, --staleness and --seeds (or more of them)")
-    if args.resume and earlier_settings:
-        changed = [k for k in TRAINING_SETTINGS if earlier_settings.get(k) != settings.get(k)]
-        if changed:
-            parser.error("--resume: the interrupted study ran with other settings ("
-                         + ", ".join(f"{k}={earlier_settings.get(k)!r}, now {settings.get(k)!r}" for k in changed)
-                         + "); give the same options, or delete the file to start over")
-    if unreadable:
-        print(f"{partial}: {unreadable} line(s) cut short when the study was stopped; those runs are run again",
-              file=sys.stderr)
+    earlier = check_interrupted_study(parser, args, partial, planned, settings)
     out.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     total = len(losses) * len(levels) * seeds
