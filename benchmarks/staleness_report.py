@@ -11,6 +11,11 @@ from pathlib import Path
 from benchmarks.common import markdown_table, write_result
 
 
+def runs_of(runs: list[dict], loss: str, level: int) -> list[dict]:
+    """The runs (one per seed) of one loss at one maximum staleness."""
+    return [r for r in runs if r["loss"] == loss and r["staleness"] == level]
+
+
 def summarise(runs: list[dict], losses: list[str], levels: list[int]) -> tuple[list[list], dict]:
     def mean_sd(values):
         return (statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -18,7 +23,7 @@ def summarise(runs: list[dict], losses: list[str], levels: list[int]) -> tuple[l
     rows, summary = [], {}
     for loss in losses:
         for k in levels:
-            sel = [r for r in runs if r["loss"] == loss and r["staleness"] == k]
+            sel = runs_of(runs, loss, k)
             if not sel:
                 continue
             best, last = mean_sd([r["best"] for r in sel]), mean_sd([r["last"] for r in sel])
@@ -41,7 +46,7 @@ def drops(summary: dict, losses: list[str], levels: list[int]) -> list[list]:
 
 def mean_curve(runs: list[dict], loss: str, level: int) -> list[tuple[int, float]]:
     """(step, pass@1 averaged over seeds) at every evaluation of one loss at one staleness level."""
-    sel = [r for r in runs if r["loss"] == loss and r["staleness"] == level]
+    sel = runs_of(runs, loss, level)
     if not sel:
         return []
     return [(e["step"], statistics.mean(r["evals"][j]["pass_at_1"] for r in sel)) for j, e in enumerate(sel[0]["evals"])]
@@ -75,8 +80,7 @@ def online_equivalent_steps(runs: list[dict], losses: list[str], levels: list[in
             if not online or not stale:
                 continue
             steps = stale[-1][0]
-            tail = [h["staleness_mean"] for r in runs if r["loss"] == loss and r["staleness"] == k
-                    for h in r["history"] if h["step"] > steps - 10]
+            tail = [h["staleness_mean"] for r in runs_of(runs, loss, k) for h in r["history"] if h["step"] > steps - 10]
             lag = statistics.mean(tail) if tail else float("nan")
             reached = first_step_reaching(online, stale[-1][1])
             rows.append([loss, k, f"{100 * stale[-1][1]:.1f}", "not reached" if reached is None else round(reached),
@@ -138,7 +142,7 @@ def stability_by_loss(runs: list[dict], losses: list[str], levels: list[int]) ->
     rows = []
     for loss in losses:
         for k in levels:
-            hs = [h for r in runs if r["loss"] == loss and r["staleness"] == k for h in r["history"]]
+            hs = [h for r in runs_of(runs, loss, k) for h in r["history"]]
             if not hs:
                 continue
             row = [loss, k] + [statistics.mean(h[m] for h in hs) for m in ("kl_learner_sampler", "is_weight_var", "clip_frac")]
@@ -158,7 +162,7 @@ def plot(runs: list[dict], losses: list[str], levels: list[int], out) -> None:
     fig, axes = plt.subplots(1, len(levels), figsize=(5 * len(levels), 4), squeeze=False, sharey=True)
     for ax, k in zip(axes[0], levels):
         for i, loss in enumerate(losses):
-            sel = [r for r in runs if r["loss"] == loss and r["staleness"] == k]
+            sel = runs_of(runs, loss, k)
             if not sel:
                 continue
             steps = [e["step"] for e in sel[0]["evals"]]
