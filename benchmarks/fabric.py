@@ -19,8 +19,8 @@ from benchmarks.common import markdown_table, write_result
 
 
 def delta_fractions(steps: int = 4) -> list[dict]:
-    from peers.generation import SamplingParams
-    from peers.generation.transformers_backend import TransformersBackend
+    from swarm.generation import SamplingParams
+    from swarm.generation.transformers_backend import TransformersBackend
     from swarm.fabric.weight_delta import encode_delta, encode_snapshot
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer
@@ -35,7 +35,7 @@ def delta_fractions(steps: int = 4) -> list[dict]:
         torch.manual_seed(0)
         model, tok = load_policy("embedded")
         backend = TransformersBackend(model, tok)
-        learner = LearnerCore(model, tok.pad_token_id, lr=lr)
+        learner = LearnerCore(model, tok.pad_token_id, learning_rate=lr)
         prev = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
         snapshot = len(encode_snapshot(prev, 0))
         sizes, changed = [], []

@@ -12,8 +12,8 @@ import time
 import torch
 
 from benchmarks.common import markdown_table, write_result
-from peers.generation import SamplingParams
-from peers.generation.transformers_backend import TransformersBackend
+from swarm.generation import SamplingParams
+from swarm.generation.transformers_backend import TransformersBackend
 from swarm.rewards import RewardScorer
 from swarm.tasks.synthetic import ArithmeticTask
 

@@ -46,17 +46,17 @@ def delay_spec(shape: str, staleness: int) -> str:
 
 
 def run_one(loss: str, staleness: int, seed: int, args) -> dict:
-    from swarm.local_training import LocalRunConfig, run_local
-    from swarm.losses import LossConfig
+    from peers.trainer import run_trainer
+    from swarm.config import TrainerConfig
 
-    config = LocalRunConfig(
-        loss=LossConfig(name=loss), steps=args.steps, prompts_per_step=args.prompts_per_step, group_size=args.group_size,
-        lr=args.lr, delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness), max_staleness=max(staleness, 0),
+    config = TrainerConfig(
+        loss={"name": loss}, steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
+        learning_rate=args.lr, delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness), max_staleness=max(staleness, 0),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
         advantage_diagnostic_every=args.advantage_every,
     )
     started = time.time()
-    result = run_local(config)
+    result = run_trainer(config)
     keep = ("step", "reward_mean", "staleness_mean", "staleness_max", "kl_learner_sampler", "kl_sampler_learner",
             "is_weight_var", "is_weight_mean", "clip_frac", "loss", "grad_norm", "adv_err_gepo", "adv_err_seq", "adv_err_token")
     history = [{k: h[k] for k in keep if k in h} for h in result["history"]]

@@ -1,5 +1,6 @@
-"""The bootstrap node: the hivemind DHT entry point peers join through (`swarm bootstrap`).
+"""The bootstrap node (`swarm bootstrap`), a peer of the middle layer.
 
-- node.py - start a DHT node with a persistent identity, print the multiaddrs to pass to
-            `--peers`, and log a status line per minute until stopped.
+- node.py - start the node peers join through (a DHT node, or the gRPC registry), write its
+            addresses to the run directory's ready.json, and record a status line every minute
+            until stopped.
 """

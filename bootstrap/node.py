@@ -1,82 +1,55 @@
-"""The bootstrap node: a DHT node with a stable peer id that other peers join through.
+"""The bootstrap node: the entry point other peers join through (`swarm bootstrap`). Over hivemind
+it is a DHT node with a stable peer id; over gRPC it is the registry of the run's records.
 
 It holds no model and imports none; several bootstrap nodes (or any running peer) can serve as
-initial peers, so losing one does not split the swarm.
+initial peers of a hivemind swarm, so losing one does not split it. In its run directory:
+ready.json (the addresses to pass to --peers) and events.jsonl (a status record every
+`status_every_s`: how many learners and samplers, the learner's version).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
-logger = logging.getLogger(__name__)
-
-
-def listen_maddrs(host: str, port: int) -> list[str]:
-    """TCP multiaddrs to listen on: an IPv4 or IPv6 literal host, port 0 meaning any free port."""
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0..65535, got {port}")
-    family = "ip6" if ":" in host else "ip4"
-    return [f"/{family}/{host}/tcp/{port}"]
+from swarm.config import BootstrapConfig
 
 
-def run_bootstrap(
-    *,
-    run_id: str,
-    host: str = "0.0.0.0",
-    port: int = 31337,
-    identity_path: Path,
-    initial_peers: Sequence[str] = (),
-    status_every_s: float = 60.0,
-    echo: Callable[[str], None] = print,
-    stop: threading.Event | None = None,
-    transport: str = "hivemind",
-) -> None:
-    """Run until SIGINT/SIGTERM (or `stop` is set). Prints the peer's multiaddrs first."""
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.records import list_members
-
-    from peers.common import install_stop_signals
+def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = print,
+                  stop: threading.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM (or `stop` is set)."""
+    from swarm.fabric.identity import default_identity_dir
+    from swarm.fabric.transports import start_bootstrap
+    from swarm.runlog import EventLog, write_ready
+    from swarm.signals import install_stop_signals
 
     stop = stop or threading.Event()
     install_stop_signals(stop)
-    if transport == "grpc":
-        return _run_registry(run_id=run_id, host=host, port=port, status_every_s=status_every_s, echo=echo, stop=stop)
-    dht, _ = start_dht(run_id, initial_peers=initial_peers, host_maddrs=listen_maddrs(host, port), identity_path=identity_path)
+    run_dir = Path(config.run_dir or f"runs/bootstrap-{time.strftime('%Y%m%d-%H%M%S')}")
+    identity = config.identity or default_identity_dir() / "bootstrap.p2p.key"
+    node = start_bootstrap(config.transport, run_id=config.run_id, host=config.host, port=config.port,
+                           identity_path=identity, initial_peers=config.peers)
+    events = EventLog(run_dir)
     try:
-        echo(f"bootstrap node for run '{run_id}', peer id {dht.peer_id}")
-        echo("peers join with:")
-        for maddr in dht.get_visible_maddrs():
-            echo(f"  --peers {maddr}")
+        addresses = node.addresses()
+        write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,
+                    peer_id=node.peer_id, addresses=addresses)
+        echo(f"bootstrap node for run '{config.run_id}' ({node.transport}), run directory {run_dir}")
+        echo("peers join with" + (" (use this machine's address from elsewhere):" if node.transport == "grpc" else ":"))
+        for addr in addresses:
+            echo(f"  --transport {node.transport} --peers {addr}" if node.transport == "grpc" else f"  --peers {addr}")
         started = time.time()
-        while not stop.wait(status_every_s):
-            members = list_members(dht, run_id)
+        while not stop.wait(config.status_every_s):
+            members = node.members()
             roles = {r: sum(m.record.role == r for m in members) for r in ("sampler", "learner")}
             versions = [m.record.version for m in members if m.record.role == "learner"]
+            newest = max(versions) if versions else None
+            events.event("status", uptime_s=round(time.time() - started, 1), learners=roles["learner"],
+                         samplers=roles["sampler"], learner_version=newest)
             echo(f"[{time.strftime('%H:%M:%S')}] up {int(time.time() - started)}s: {roles['learner']} learner(s), "
-                 f"{roles['sampler']} sampler(s), learner version {max(versions) if versions else '-'}")
+                 f"{roles['sampler']} sampler(s), learner version {newest if newest is not None else '-'}")
     finally:
-        dht.shutdown()
-
-
-def _run_registry(*, run_id: str, host: str, port: int, status_every_s: float, echo, stop: threading.Event) -> None:
-    """The gRPC fallback: this node is the registry of membership records and version announcements."""
-    from swarm.fabric.grpc_transport import Registry, serve_registry
-
-    registry = Registry()
-    server, bound = serve_registry(registry, host, port)
-    try:
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-        echo(f"bootstrap registry (gRPC) for run '{run_id}' on {host}:{bound}")
-        echo("peers join with (use this machine's address from elsewhere):")
-        echo(f"  --transport grpc --peers {shown}:{bound}")
-        started = time.time()
-        while not stop.wait(status_every_s):
-            roles = registry.counts(run_id)
-            echo(f"[{time.strftime('%H:%M:%S')}] up {int(time.time() - started)}s: {roles['learner']} learner(s), "
-                 f"{roles['sampler']} sampler(s)")
-    finally:
-        server.stop(grace=1.0).wait(5)
+        events.close()
+        node.shutdown()

@@ -1,5 +1,11 @@
-"""The swarm's peers.
+"""The swarm's peers: the middle layer. Each is a thin loop over library objects (`swarm`), and
+each writes what tools need to its run directory (ready.json, JSONL metrics and events); the CLI
+(`swarm.cli`) starts them. Nothing in the library imports this package.
 
-- generation/ (package) - generation backends behind one interface: transformers (CPU/GPU) and
-                          vLLM (GPU, optional extra, imported only when chosen).
+- learner.py  - trains on samplers' rollouts, publishes versions, checkpoints and resumes.
+- sampler.py  - generates and scores rollouts with the newest version it may use, follows versions.
+- trainer.py  - the in-process trainer: learner and virtual samplers in one process, staleness
+                drawn from a delay distribution (the demo's --in-process mode, the staleness study).
+
+The bootstrap node is the top-level package `bootstrap/`.
 """

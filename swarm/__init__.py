@@ -1,19 +1,35 @@
 """GEPO Swarm: peer-to-peer RL post-training of language models.
 
-The core library. One concept per module:
+The project has three layers, and imports point down only (import-linter checks it in CI):
 
+    swarm.cli              the `swarm` command, the demo, the local launcher, plots      (top)
+    peers, bootstrap       learner, sampler, in-process trainer, bootstrap node: loops
+    swarm (the rest)       the library below                                              (bottom)
+
+The library, one concept per module:
+
+- config.py          - every setting and default: one pydantic model per role.
 - losses/ (package)  - the policy-loss registry: gepo, grpo, dr_grpo, bnpo, gspo, gmpo, topr, cispo,
                        plus the sampler-learner KL penalty; pure tensor functions.
 - advantages.py      - group-normalised advantages (std, no-std, Beta normalisation).
 - logprobs.py        - per-token log-probs of chosen tokens under a (temperature / top-k / top-p)
                        sampling distribution; shared by samplers and learners so that both agree.
-- model/ (package)   - the embedded tiny Qwen3 policy and its tokenizer, built on first use.
-- tasks/ (package)   - the built-in synthetic math task and the `datasets` loader.
+- rollouts.py        - rollout groups and their collation into tensors.
 - rewards.py         - reward registry (math-verify accuracy, format) and dotted-path rewards.
-- evaluation.py      - pass@1 / greedy accuracy of a policy on a task (`swarm eval`).
-- cli.py             - the `swarm` command (click); imports heavy libraries late.
-
-Peers live in the top-level `peers/` package, the bootstrap node in `bootstrap/`.
+- tasks/ (package)   - the built-in synthetic math task and the `datasets` loader.
+- model/ (package)   - the embedded tiny Qwen3 policy and its tokenizer; loading any causal LM.
+- generation/        - generation backends behind one interface: transformers, vLLM (optional).
+- sampling.py        - a backend and problems -> scored rollout groups.
+- training.py        - the learner's optimisation step, learning-rate schedule and step metrics.
+- intake.py          - what a learner accepts into a batch (staleness, age, re-scored rewards).
+- evaluation.py      - pass@1 / greedy accuracy of a policy on a task.
+- diagnostics.py     - the error of the estimated expected advantage under stale sampling.
+- staleness.py       - delay distributions and a ring of past policies, for experiments.
+- checkpoint.py      - learner checkpoints in Hugging Face format, with optimizer state.
+- fabric/ (package)  - how peers find each other and move rollouts and weights: one interface,
+                       two transports (hivemind, gRPC).
+- runlog.py          - what peers write to their run directory: ready.json, steps/events JSONL.
+- signals.py         - SIGINT/SIGTERM stop a peer cleanly.
 """
 
 __version__ = "0.1.0"

@@ -1,49 +1,136 @@
-"""Peer configurations: one pydantic model per role, filled from (lowest to highest precedence) the
-model's defaults, an optional config file (TOML, YAML or JSON) and the options given on the command
-line. The command-line options are generated from the same models (`options_from`), so a default
-or a description lives in one place, and the resolved configuration is written to the run
-directory, from where `--config` reads it back.
+"""Every setting and every default, in one place: one pydantic model per role, built from shared
+groups of settings.
 
-A config file holds shared keys at the top level and role-specific ones in a table named after the
-role, e.g.:
+| role                         | model          | settings groups                                  |
+|------------------------------|----------------|--------------------------------------------------|
+| `swarm learner`              | LearnerConfig  | swarm, task, loss, optimizer, training, output   |
+| in-process trainer           | TrainerConfig  | task, loss, optimizer, training, generation, ... |
+| `swarm sampler`              | SamplerConfig  | swarm, task, generation, sampler, output         |
+| `swarm bootstrap`            | BootstrapConfig| its own (it holds no model)                      |
+
+The learner and the in-process trainer share `TrainingSettings` (the loss config, optimizer and
+schedule), so they cannot drift apart. Names follow TRL's where a TRL user would look for them
+(`learning_rate`, `num_generations`, `beta`, `epsilon` / `epsilon_high`, `max_completion_length`,
+`max_grad_norm`, `seed`); our older names are accepted as aliases (`lr`, `group_size`, `kl_coef`,
+`eps_low` / `eps_high`, `max_new_tokens`).
+
+Values come from (lowest to highest precedence) these defaults, a config file (TOML, YAML or
+JSON) and the command line, whose options are generated from these models (swarm/cli/options.py).
+A config file holds shared keys at the top level and role-specific ones in a table named after
+the role; the loss is a name or a table:
 
     run_id = "my-run"
     peers = ["/ip4/10.0.0.1/tcp/31337/p2p/Qm..."]
     [learner]
-    lr = 1e-5
+    learning_rate = 1e-5
+    loss = { name = "gepo", beta = 0.005 }
     [sampler]
-    group_size = 16
+    num_generations = 16
+
+This module imports neither torch nor hivemind (`swarm --help` builds its options from it).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-ROLES = ("learner", "sampler")
+ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a config file may hold
+TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly these
+GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
+# The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
+# so that option choices and config validation need no torch import.
+LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo")
 
 
-class PeerConfig(BaseModel):
-    """What every peer needs: where the swarm is, which run, which policy and task."""
+def setting(default: Any = ..., *, group: str, help: str = "", aliases: tuple[str, ...] = (), **bounds) -> Any:
+    """A field with its option group (for --help) and old names it also accepts."""
+    extra = {"group": group}
+    if aliases:
+        extra["aliases"] = list(aliases)
+    kwargs: dict[str, Any] = dict(description=help, json_schema_extra=extra, **bounds)
+    if callable(default):  # list, LossConfig: a fresh value per instance
+        kwargs["default_factory"] = default
+    else:
+        kwargs["default"] = default
+    return Field(**kwargs)
 
-    model_config = ConfigDict(extra="forbid")
 
-    peers: list[str] = Field(default_factory=list, validate_default=True,
-                             description="multiaddr of a bootstrap node or any peer (repeatable); with --transport grpc, the registry's HOST:PORT")
-    transport: Literal["hivemind", "grpc"] = Field("hivemind", description="hivemind (libp2p) or grpc (fallback where libp2p cannot run)")
-    run_id: str = Field("swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="the run to join")
-    model: str = Field("embedded", description="policy: 'embedded', a model directory or a hub id (all peers the same)")
-    task: str = Field("arithmetic", description="'arithmetic', a local jsonl/json/parquet/csv file or a dataset id")
-    difficulty: int = Field(2, ge=1, le=4, description="arithmetic task difficulty")
-    question_column: str = Field("question", description="dataset tasks: the question column")
-    answer_column: str = Field("answer", description="dataset tasks: the answer column")
-    identity_dir: Optional[Path] = Field(None, description="where this peer's keys live (default ~/.cache/gepo-swarm/identity)")
-    host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(0, ge=0, le=65535, description="TCP port (0: any free port)")
-    heartbeat_s: float = Field(5.0, gt=0, description="seconds between membership heartbeats")
+def _aliased(model: type[BaseModel]) -> type[BaseModel]:
+    """Let each field also be set under its aliases (file keys and keyword arguments)."""
+    for name, field in model.model_fields.items():
+        aliases = (field.json_schema_extra or {}).get("aliases") if isinstance(field.json_schema_extra, dict) else None
+        if aliases and field.validation_alias is None:
+            field.validation_alias = AliasChoices(name, *aliases)
+    model.model_rebuild(force=True)
+    return model
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy loss
+
+
+class LossConfig(Settings):
+    """Which policy loss to use and its knobs. Unset clip bounds take the loss's own defaults
+    (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 0.28)."""
+
+    name: Literal[LOSS_NAMES] = setting("gepo", group="loss", help="the policy loss")  # type: ignore[valid-type]
+    epsilon: Optional[float] = setting(
+        None, group="loss", aliases=("eps_low",), ge=0,
+        help="lower clip: ratio >= 1 - epsilon (GMPO: of the log-ratio); unset: the loss's own")
+    epsilon_high: Optional[float] = setting(
+        None, group="loss", aliases=("eps_high",), ge=0,
+        help="upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher); unset: the loss's own")
+    beta: float = setting(
+        0.005, group="loss", aliases=("kl_coef",), ge=0,
+        help="coefficient of the sampler-learner k3 KL penalty (0.005 in the GEPO paper's heterogeneous "
+             "runs; unlike TRL's beta it needs no reference model: it pulls towards the samplers' policy)")
+    seq_logprob_mode: Literal["mean", "sum"] = setting(
+        "mean", group="loss", help="sequence log-prob for sequence- and group-level weights: mean over tokens "
+                                    "(the GEPO reference) or sum")
+    gepo_expectation: Literal["group", "batch"] = setting(
+        "group", group="loss", help="GEPO's E_q[q] over each prompt's group (the paper) or over the whole micro-batch "
+                                     "(what the reference code does; for comparison only)")
+    max_completion_length: Optional[int] = setting(
+        None, group="loss", gt=0, help="Dr.GRPO's constant normaliser: the samplers' max_completion_length "
+                                        "(unset: the batch's padded width)")
+
+    def clip_range(self) -> tuple[float, float]:
+        from swarm.losses import LOSSES
+
+        spec = LOSSES[self.name]
+        low = spec.eps_low if self.epsilon is None else self.epsilon
+        high = spec.eps_high if self.epsilon_high is None else self.epsilon_high
+        return low, high
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups of settings that several roles share
+
+
+class SwarmSettings(Settings):
+    """Where the swarm is and how this peer talks to it."""
+
+    peers: list[str] = setting(list, group="swarm", validate_default=True,
+                               help="address of a bootstrap node or any peer (repeatable): a multiaddr, or with "
+                                    "--transport grpc the registry's HOST:PORT")
+    transport: Literal[TRANSPORTS] = setting("hivemind", group="swarm",  # type: ignore[valid-type]
+                                             help="hivemind (libp2p), or grpc where libp2p cannot run")
+    run_id: str = setting("swarm", group="swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                          help="the run to join")
+    identity_dir: Optional[Path] = setting(None, group="swarm",
+                                           help="where this peer's keys live (unset: ~/.cache/gepo-swarm/identity)")
+    host: str = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface)")
+    port: int = setting(0, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
+    heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
 
     @field_validator("peers")
     @classmethod
@@ -55,16 +142,20 @@ class PeerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _peers_fit_transport(self):
-        for addr in self.peers:
-            if self.transport == "hivemind" and not addr.startswith("/"):
-                raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
-                                 "(or use --transport grpc with the registry's HOST:PORT)")
-            if self.transport == "grpc" and (addr.startswith("/") or ":" not in addr):
-                raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
-                                 "as `swarm bootstrap --transport grpc` prints it")
-        if self.transport == "grpc" and len(self.peers) > 1:
-            raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+        from swarm.fabric.transports import check_peers
+
+        check_peers(self.transport, self.peers)
         return self
+
+
+class TaskSettings(Settings):
+    """Which policy and task (every peer of a run must use the same)."""
+
+    model: str = setting("embedded", group="task", help="policy: 'embedded', a model directory or a hub id")
+    task: str = setting("arithmetic", group="task", help="'arithmetic', a local jsonl/json/parquet/csv file or a dataset id")
+    difficulty: int = setting(2, group="task", ge=1, le=4, help="arithmetic task difficulty")
+    question_column: str = setting("question", group="task", help="dataset tasks: the question column")
+    answer_column: str = setting("answer", group="task", help="dataset tasks: the answer column")
 
     def task_options(self) -> dict:
         if self.task == "arithmetic":
@@ -72,52 +163,90 @@ class PeerConfig(BaseModel):
         return {"question_column": self.question_column, "answer_column": self.answer_column}
 
 
-class LearnerConfig(PeerConfig):
-    loss: str = Field("gepo", description="policy loss: gepo, grpo, gspo, dr_grpo, bnpo, gmpo, topr, cispo")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
-    lr_warmup_steps: int = Field(5, ge=0, description="linear learning-rate warm-up over the first versions")
-    groups_per_step: int = Field(16, ge=1, description="rollout groups per optimizer step")
-    max_staleness: int = Field(64, ge=0, description="groups more than this many versions behind are dropped")
-    max_age_s: float = Field(1800.0, gt=0, description="groups older than this many seconds are dropped")
-    steps: int = Field(100, ge=1, description="stop when the policy reaches this version")
-    wait_s: float = Field(120.0, gt=0, description="say so when no rollouts arrive for this long")
-    run_dir: Optional[Path] = Field(None, description="logs, checkpoints and config (default runs/learner-TIME)")
-    checkpoint_every: int = Field(10, ge=0, description="steps between checkpoints (0: only at exit)")
-    keep_checkpoints: int = Field(3, ge=1, description="how many recent checkpoints to keep")
-    resume: bool = Field(False, description="continue from the last checkpoint in --run-dir")
-    ban_after: int = Field(8, ge=1, description="refused groups from one peer within ban-window-s that get it banned")
-    ban_window_s: float = Field(120.0, gt=0, description="window for counting a peer's refused groups")
-    ban_s: float = Field(600.0, ge=0, description="how long a banned peer's rollouts are ignored")
+class TrainingSettings(Settings):
+    """What the learner and the in-process trainer share: loss, optimizer, schedule, batch."""
 
-    @field_validator("loss")
+    loss: LossConfig = setting(LossConfig, group="loss", help="the policy loss and its knobs")
+    learning_rate: float = setting(1e-4, group="optimizer", aliases=("lr",), gt=0, help="AdamW learning rate")
+    lr_warmup_steps: int = setting(5, group="optimizer", ge=0,
+                                   help="linear learning-rate warm-up over the first versions (damps Adam's sign-like first steps)")
+    max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
+    steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
+    groups_per_step: int = setting(
+        32, group="training", ge=1,
+        help="rollout groups (prompts, each with its num_generations completions) per optimizer step; "
+             "counted in groups, not completions as TRL's batch size is, since GEPO's expectation needs whole groups")
+    max_staleness: int = setting(64, group="training", ge=0,
+                                 help="groups more than this many versions behind are dropped (the paper's runs: 64)")
+    seed: int = setting(0, group="training", help="seed of the policy's sampling and of the trainer's prompt order")
+
+    @field_validator("loss", mode="before")
     @classmethod
-    def _known_loss(cls, name: str) -> str:
-        from swarm.losses import LossConfig
-
-        LossConfig(name=name)  # raises naming the registered losses
-        return name
+    def _loss_by_name(cls, value):
+        return {"name": value} if isinstance(value, str) else value
 
 
-class SamplerConfig(PeerConfig):
-    learner_keys: list[str] = Field(default_factory=list, validate_default=True, description="the key a learner prints (repeatable)")
-    sampler_id: Optional[str] = Field(None, description="name in logs and rollouts (default sampler-PID)")
-    prompts_per_round: int = Field(8, ge=1, description="prompts per generation round")
-    group_size: int = Field(8, ge=2, description="G: completions per prompt")
-    max_new_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    rounds: Optional[int] = Field(None, ge=1, description="stop after this many rounds (default: until stopped)")
-    wait_s: float = Field(60.0, gt=0, description="give up when no learner has announced a version for this long")
-    pickup_delay: str = Field("none", description="latency simulation: delay before using a new version, in seconds: "
-                              "none | fixed:S | uniform:S | lognormal:LO,HI (the paper: 60,1920)")
-    lag_steps: int = Field(0, ge=0, description="latency simulation: generate with a version at least this many steps old")
-    progress_every_s: float = Field(10.0, gt=0, description="seconds between progress lines")
+class GenerationSettings(Settings):
+    """How completions are sampled."""
+
+    num_generations: int = setting(8, group="generation", aliases=("group_size",), ge=2,
+                                   help="G: completions per prompt (the group GEPO's expectation is taken over)")
+    max_completion_length: int = setting(16, group="generation", aliases=("max_new_tokens",), ge=1,
+                                         help="longest completion, in tokens")
+    temperature: float = setting(1.0, group="generation", gt=0, help="sampling temperature")
+
+
+class EvalSettings(Settings):
+    """Held-out evaluation (the trainer's and the demo's; `swarm eval` takes its defaults from here)."""
+
+    eval_problems: int = setting(200, group="evaluation", aliases=("limit",), ge=1, help="held-out problems per evaluation")
+    eval_samples: int = setting(4, group="evaluation", aliases=("samples",), ge=1, help="samples per problem for pass@1")
+
+
+# ---------------------------------------------------------------------------------------------
+# One config per role
+
+
+class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
+    """`swarm learner`: trains on rollouts from samplers and publishes versions."""
+
+    max_age_s: float = setting(1800.0, group="training", gt=0, help="groups older than this many seconds are dropped")
+    wait_s: float = setting(120.0, group="training", gt=0, help="say so when no rollouts arrive for this many seconds")
+    run_dir: Optional[Path] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")
+    checkpoint_every: int = setting(10, group="output", ge=0, help="steps between checkpoints (0: only at exit)")
+    keep_checkpoints: int = setting(3, group="output", ge=1, help="how many recent checkpoints to keep")
+    resume: bool = setting(False, group="output", help="continue from the last checkpoint in --run-dir")
+    ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
+    ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
+    ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
+
+
+class SamplerConfig(SwarmSettings, TaskSettings, GenerationSettings):
+    """`swarm sampler`: generates and scores rollouts with the newest version it may use."""
+
+    learner_keys: list[str] = setting(list, group="swarm", validate_default=True,
+                                      help="the key a learner prints (repeatable); only its versions are used")
+    sampler_id: Optional[str] = setting(None, group="sampler", help="name in logs and rollouts (unset: sampler-PID)")
+    prompts_per_round: int = setting(8, group="sampler", ge=1, help="prompts per generation round")
+    rounds: Optional[int] = setting(None, group="sampler", ge=1, help="stop after this many rounds (unset: until stopped)")
+    backend: Literal[GENERATION_BACKENDS] = setting(  # type: ignore[valid-type]
+        "transformers", group="sampler", help="generation backend: transformers (CPU or GPU) or vllm (GPU, the optional "
+                                              "vllm extra; not yet verified on a GPU by this project)")
+    device: str = setting("cpu", group="sampler", help="torch device of the transformers backend (cpu, cuda, cuda:1, ...)")
+    wait_s: float = setting(60.0, group="sampler", gt=0, help="give up when no learner has announced a version for this many seconds")
+    pickup_delay: str = setting("none", group="sampler",
+                                help="latency simulation: seconds before using a new version: none | fixed:S | uniform:S | "
+                                     "lognormal:LO,HI (the paper: 60,1920)")
+    lag_steps: int = setting(0, group="sampler", ge=0, help="latency simulation: generate with a version at least this many steps old")
+    run_dir: Optional[Path] = setting(None, group="output", help="metrics and events (unset: runs/SAMPLER_ID-TIME)")
+    progress_every_s: float = setting(10.0, group="output", gt=0, help="seconds between progress lines and metrics records")
 
     @field_validator("learner_keys")
     @classmethod
     def _need_keys(cls, keys: list[str]) -> list[str]:
         if not keys:
             raise ValueError("no --learner-key given: pass the key the learner prints at start-up (only its versions are used)")
-        from peers.common import decode_learner_key
+        from swarm.fabric.identity import decode_learner_key
 
         for key in keys:
             decode_learner_key(key)
@@ -132,7 +261,104 @@ class SamplerConfig(PeerConfig):
         return spec
 
 
-CONFIGS: dict[str, type[PeerConfig]] = {"learner": LearnerConfig, "sampler": SamplerConfig}
+class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSettings):
+    """The in-process trainer (`swarm demo --in-process`, the staleness study): a learner trains on
+    groups generated by past versions of its own policy, staleness drawn from `delay`."""
+
+    delay: str = setting("none", group="staleness", help="staleness in steps: none | fixed:K | uniform:K | lognormal:LO,HI,STEP_S")
+    virtual_samplers: int = setting(4, group="staleness", ge=1,
+                                    help="each step's groups come from this many samplers, each with its own delay")
+    eval_every: int = setting(10, group="evaluation", ge=1, help="steps between held-out evaluations")
+    advantage_diagnostic_every: int = setting(
+        0, group="evaluation", ge=0, help="steps between measurements of the error of the estimated expected advantage "
+                                          "(swarm.diagnostics; 0: never; costs fresh samples)")
+
+    @field_validator("delay")
+    @classmethod
+    def _delay(cls, spec: str) -> str:
+        from swarm.staleness import DelayDistribution
+
+        DelayDistribution.parse(spec)
+        return spec
+
+
+class BootstrapConfig(Settings):
+    """`swarm bootstrap`: the node peers join through. It holds no model."""
+
+    host: str = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")
+    port: int = setting(31337, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
+    transport: Literal[TRANSPORTS] = setting("hivemind", group="swarm",  # type: ignore[valid-type]
+                                             help="hivemind (a DHT node), or grpc (the registry of a gRPC swarm)")
+    peers: list[str] = setting(list, group="swarm", help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
+    run_id: str = setting("swarm", group="swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                          help="the run whose members the status records count")
+    identity: Optional[Path] = setting(None, group="swarm", help="libp2p key file: keeps the peer id across restarts "
+                                                                 "(unset: ~/.cache/gepo-swarm/identity/bootstrap.p2p.key)")
+    run_dir: Optional[Path] = setting(None, group="output", help="ready file and status records (unset: runs/bootstrap-TIME)")
+    status_every_s: float = setting(60.0, group="output", gt=0, help="seconds between status lines and records")
+
+    @model_validator(mode="after")
+    def _peers_fit_transport(self):
+        if self.transport == "grpc" and self.peers:
+            raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
+        from swarm.fabric.transports import check_peers
+
+        check_peers(self.transport, self.peers)
+        return self
+
+
+def same_as(model: type[BaseModel], name: str) -> Any:
+    """The field `name` of `model`, for a config that offers the same setting with the same default."""
+    return copy.copy(model.model_fields[name])
+
+
+class EvalConfig(TaskSettings, EvalSettings):
+    """`swarm eval`: accuracy of a policy on a task's held-out split."""
+
+    split: Literal["train", "test"] = setting("test", group="evaluation", help="which split to evaluate on")
+    temperature: float = same_as(GenerationSettings, "temperature")
+    max_completion_length: int = same_as(GenerationSettings, "max_completion_length")
+    greedy: bool = setting(True, group="evaluation", help="also measure temperature-0 accuracy")
+    backend: Literal[GENERATION_BACKENDS] = same_as(SamplerConfig, "backend")  # type: ignore[valid-type]
+    device: str = same_as(SamplerConfig, "device")
+    seed: int = same_as(TrainingSettings, "seed")
+
+
+class DemoConfig(TrainerConfig):
+    """`swarm demo`: a whole local swarm (bootstrap, learner, samplers as processes) on this machine,
+    or with `in_process` the in-process trainer; accuracy before and after."""
+
+    samplers: int = setting(2, group="swarm", ge=1, le=16, help="sampler processes")
+    transport: Literal[TRANSPORTS] = same_as(SwarmSettings, "transport")  # type: ignore[valid-type]
+    prompts_per_round: int = same_as(SamplerConfig, "prompts_per_round")
+    pickup_delay: str = same_as(SamplerConfig, "pickup_delay")
+    in_process: bool = setting(False, group="staleness", help="train in this one process instead (no network; --delay "
+                                                              "simulates staleness)")
+    run_dir: Optional[Path] = setting(None, group="output", help="where logs, checkpoints and the plot go (unset: runs/demo-TIME)")
+
+    _delay_of_pickup = field_validator("pickup_delay")(SamplerConfig._delay.__func__)
+
+    def trainer_config(self) -> TrainerConfig:
+        return TrainerConfig(**self.model_dump(include=set(TrainerConfig.model_fields)))
+
+
+for _model in (LossConfig, SwarmSettings, TaskSettings, TrainingSettings, GenerationSettings, EvalSettings,
+               LearnerConfig, SamplerConfig, TrainerConfig, BootstrapConfig, EvalConfig, DemoConfig):
+    _aliased(_model)
+
+CONFIGS: dict[str, type[Settings]] = {"learner": LearnerConfig, "sampler": SamplerConfig, "bootstrap": BootstrapConfig,
+                                      "demo": DemoConfig, "eval": EvalConfig}
+
+
+def field_names_of(model: type[BaseModel], name: str) -> list[str]:
+    """A field's name and its aliases."""
+    extra = model.model_fields[name].json_schema_extra
+    return [name, *(extra.get("aliases", ()) if isinstance(extra, dict) else ())]
+
+
+def field_names(model: type[BaseModel]) -> set[str]:
+    """Every key a config file may use for `model`: field names and their aliases."""
+    return {key for name in model.model_fields for key in field_names_of(model, name)}
 
 
 def read_config_file(path: Path, role: str) -> dict[str, Any]:
@@ -161,27 +387,39 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
         raise ValueError(f"config file {path} could not be parsed: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a table of settings, not {type(data).__name__}")
+    model = CONFIGS[role]
+    # top-level keys are shared: keep those this role knows (a [sampler]-only key at the top of a
+    # learner's file is the sampler's business), but refuse keys no role knows (typos)
+    every_role = set().union(*(field_names(m) for m in CONFIGS.values()))  # noqa: C417
     values = {k: v for k, v in data.items() if k not in ROLES}
+    unknown = sorted(k for k in values if k not in every_role)
+    values = {k: v for k, v in values.items() if k in field_names(model)}
     section = data.get(role, {})
     if not isinstance(section, dict):
         raise ValueError(f"config file {path}: [{role}] must be a table of settings")
+    unknown += sorted(k for k in section if k not in field_names(model))
     values.update(section)
-    known = CONFIGS[role].model_fields
-    unknown = sorted(k for k in values if k not in known)
+    canonical = {alias: name for name in model.model_fields for alias in field_names_of(model, name)}
+    values = {canonical.get(k, k): v for k, v in values.items()}  # `lr` at the top, `learning_rate` in [learner]: the table wins
     if unknown:
         raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
-                         f"known: {', '.join(sorted(known))}")
+                         f"known: {', '.join(sorted(model.model_fields))}")
     return values
 
 
-def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> PeerConfig:
+def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:
     """Defaults < config file < command line. Raises pydantic's ValidationError on bad values."""
     values = read_config_file(config_file, role) if config_file else {}
-    values.update(cli_values)
+    for key, value in cli_values.items():
+        if isinstance(value, dict) and isinstance(values.get(key), (dict, str)):
+            base = values[key] if isinstance(values[key], dict) else {"name": values[key]}
+            values[key] = {**base, **value}  # a nested table (the loss): the command line wins field by field
+        else:
+            values[key] = value
     return CONFIGS[role](**values)
 
 
-def write_config(config: PeerConfig, path: Path) -> Path:
+def write_config(config: BaseModel, path: Path) -> Path:
     """The resolved configuration as YAML (readable by `--config`)."""
     import yaml
 

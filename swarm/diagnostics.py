@@ -42,7 +42,7 @@ def expected_advantage_errors(model, backend, scorer, groups: Sequence, problems
     """{"adv_err_gepo", "adv_err_seq", "adv_err_token", "adv_groups"} for `groups` (rollouts of one
     sampling setting) against fresh samples from `model` (the learner's current policy, wrapped by
     `backend`)."""
-    from peers.generation import SamplingParams
+    from swarm.generation import SamplingParams
     from swarm.logprobs import completion_logprobs
     from swarm.rollouts import collate
 

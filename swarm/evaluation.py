@@ -1,4 +1,4 @@
-"""Evaluate a policy on a task: pass@1 averaged over k samples per prompt, and greedy accuracy."""
+"""Evaluate a policy on a task: pass@1 averaged over k samples per prompt, and greedy accuracy. One\nroutine (`evaluate_policy`) serves `swarm eval`, the demo and the in-process trainer."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from swarm.config import EvalSettings, GenerationSettings, TaskSettings
 from swarm.tasks.base import Problem
 
 
@@ -44,15 +45,37 @@ def score_problems(backend, scorer, problems: Sequence[Problem], params, *, prog
     return fractions, unscorable, tokens
 
 
+def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: int, temperature: float,
+                    max_completion_length: int, seed: int, greedy: bool = True, progress=None) -> dict:
+    """The one evaluation routine: pass@1 over `samples` completions per problem (seeded) and,
+    with `greedy`, temperature-0 accuracy. Returns {"pass_at_1", "greedy_accuracy", "unscorable",
+    "completion_tokens"}; `progress` is a rich Progress to advance, or None."""
+    from swarm.generation import SamplingParams
+
+    sampled = SamplingParams(num_completions=samples, temperature=temperature, max_new_tokens=max_completion_length, seed=seed)
+    job = progress.add_task(f"sampling {samples} per problem", total=len(problems)) if progress is not None else None
+    fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=progress, job=job)
+    greedy_accuracy = None
+    if greedy:
+        job = progress.add_task("greedy decoding", total=len(problems)) if progress is not None else None
+        params = SamplingParams(num_completions=1, temperature=0, max_new_tokens=max_completion_length)
+        g_fractions, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=progress, job=job)
+        greedy_accuracy = sum(g_fractions) / len(g_fractions)
+        unscorable += g_unscorable
+        tokens += g_tokens
+    return {"pass_at_1": sum(fractions) / len(fractions), "greedy_accuracy": greedy_accuracy,
+            "unscorable": unscorable, "completion_tokens": tokens}
+
+
 def evaluate(
     model: str | None,
-    task_name: str = "arithmetic",
+    task_name: str = TaskSettings.model_fields["task"].default,
     *,
     split: str = "test",
-    limit: int | None = 200,
-    samples: int = 4,
-    temperature: float = 1.0,
-    max_new_tokens: int = 32,
+    limit: int | None = EvalSettings.model_fields["eval_problems"].default,
+    samples: int = EvalSettings.model_fields["eval_samples"].default,
+    temperature: float = GenerationSettings.model_fields["temperature"].default,
+    max_completion_length: int = GenerationSettings.model_fields["max_completion_length"].default,
     greedy: bool = True,
     backend_name: str = "transformers",
     device: str = "cpu",
@@ -60,9 +83,10 @@ def evaluate(
     show_progress: bool = True,
     task_options: dict | None = None,
 ) -> EvalResult:
+    """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after)."""
     from rich.progress import Progress
 
-    from peers.generation import SamplingParams, make_backend
+    from swarm.generation import make_backend
     from swarm.model.loading import resolve_model_dir
     from swarm.rewards import RewardScorer
     from swarm.tasks import load_task
@@ -75,29 +99,11 @@ def evaluate(
         raise ValueError(f"task {task_name!r} has no problems in split {split!r}")
     scorer = RewardScorer([("accuracy", 1.0)])
     started = time.time()
-    sampled = SamplingParams(num_completions=samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    with Progress(disable=not show_progress, transient=True) as bar:
-        job = bar.add_task(f"sampling {samples} per problem", total=len(problems))
-        fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=bar, job=job)
-        greedy_acc = None
-        if greedy:
-            job = bar.add_task("greedy decoding", total=len(problems))
-            params = SamplingParams(num_completions=1, temperature=0, max_new_tokens=max_new_tokens)
-            g_fracs, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=bar, job=job)
-            greedy_acc = sum(g_fracs) / len(g_fracs)
-            unscorable += g_unscorable
-            tokens += g_tokens
-    scorer.close()
-    return EvalResult(
-        model=model or "embedded",
-        task=task_name,
-        split=split,
-        num_problems=len(problems),
-        samples_per_problem=samples,
-        temperature=temperature,
-        pass_at_1=sum(fractions) / len(fractions),
-        greedy_accuracy=greedy_acc,
-        unscorable=unscorable,
-        completion_tokens=tokens,
-        seconds=round(time.time() - started, 2),
-    )
+    try:
+        with Progress(disable=not show_progress, transient=True) as bar:
+            found = evaluate_policy(backend, scorer, problems, samples=samples, temperature=temperature,
+                                    max_completion_length=max_completion_length, seed=seed, greedy=greedy, progress=bar)
+    finally:
+        scorer.close()
+    return EvalResult(model=model or "embedded", task=task_name, split=split, num_problems=len(problems),
+                      samples_per_problem=samples, temperature=temperature, seconds=round(time.time() - started, 2), **found)

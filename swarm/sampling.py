@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from peers.generation.base import GenerationBackend, SamplingParams
+from swarm.generation.base import GenerationBackend, SamplingParams
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
 from swarm.tasks.base import Problem

@@ -1,23 +1,45 @@
-"""The learner's optimisation step on a list of rollout groups: advantages, the chosen policy loss,
-gradient clipping, optimizer step, version bump. No I/O: peers and the staleness harness call it.
+"""The learner's optimisation step on a list of rollout groups: learning-rate schedule, advantages,
+the chosen policy loss, gradient clipping, optimizer step, version bump, and the step's metrics (the
+schema of steps.jsonl). No I/O: the swarm learner and the in-process trainer both call it.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
 
 from swarm.advantages import group_advantages
 from swarm.logprobs import completion_logprobs
-from swarm.losses import LOSSES, LossConfig, LossInputs, compute_loss
+from swarm.config import LossConfig, TrainingSettings
+from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.rollouts import RolloutGroup, collate
+
+STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
+
+
+def warmup_factor(version: int, warmup_steps: int) -> float:
+    """Linear warm-up by policy version: the step from version v uses (v + 1) / warmup_steps of the
+    learning rate. By version rather than by a scheduler's own counter, so that a resumed learner
+    continues the schedule where it stopped."""
+    return min(1.0, (version + 1) / warmup_steps) if warmup_steps else 1.0
+
+
+def staleness_histogram(staleness: list[int]) -> dict[str, int]:
+    edges = list(STALENESS_BINS) + [None]
+    hist = {}
+    for low, high in zip(edges[:-1], edges[1:]):
+        label = f"{low}" if high == low + 1 else (f"{low}-{high - 1}" if high else f"{low}+")
+        hist[label] = sum(1 for s in staleness if s >= low and (high is None or s < high))
+    return hist
 
 
 class LearnerCore:
     """Owns the trainable policy and its optimizer; `version` counts optimizer steps.
 
-    lr: AdamW learning rate. max_grad_norm: gradient clipping (<= 0 disables).
+    learning_rate: AdamW learning rate, warmed up over `lr_warmup_steps` versions.
+    max_grad_norm: gradient clipping (<= 0 disables).
     micro_batch_groups: groups per forward/backward (gradients accumulate across micro-batches; a
     group is never split, since GEPO's expectation is taken over a whole group).
     advantage_mode: None takes the loss's own (std for GRPO/GEPO, no_std for Dr.GRPO, beta for BNPO).
@@ -29,9 +51,10 @@ class LearnerCore:
         pad_token_id: int,
         *,
         loss: LossConfig | None = None,
-        lr: float = 1e-4,
+        learning_rate: float = TrainingSettings.model_fields["learning_rate"].default,
+        lr_warmup_steps: int = 0,
         weight_decay: float = 0.0,
-        max_grad_norm: float = 1.0,
+        max_grad_norm: float = TrainingSettings.model_fields["max_grad_norm"].default,
         micro_batch_groups: int = 16,
         advantage_mode: str | None = None,
         version: int = 0,
@@ -42,8 +65,15 @@ class LearnerCore:
         self.advantage_mode = advantage_mode or LOSSES[self.loss.name].advantage_mode
         self.max_grad_norm = max_grad_norm
         self.micro_batch_groups = micro_batch_groups
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.99))
+        self.learning_rate, self.lr_warmup_steps = learning_rate, lr_warmup_steps
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.99))
         self.version = version
+
+    @classmethod
+    def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
+        """The learner for a role's training settings (LearnerConfig or TrainerConfig)."""
+        return cls(model, pad_token_id, loss=settings.loss, learning_rate=settings.learning_rate,
+                   lr_warmup_steps=settings.lr_warmup_steps, max_grad_norm=settings.max_grad_norm, **kwargs)
 
     @property
     def device(self) -> torch.device:
@@ -57,6 +87,10 @@ class LearnerCore:
         if len(sampling) > 1:
             raise ValueError(f"rollout groups were sampled with different settings {sorted(sampling)}; step on them separately")
         temperature, top_k, top_p = sampling.pop()
+        started = time.time()
+        learning_rate = self.learning_rate * warmup_factor(self.version, self.lr_warmup_steps)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = learning_rate
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total_seqs = sum(g.size for g in groups)
@@ -88,11 +122,17 @@ class LearnerCore:
         self.version += 1
         sums.update(
             grad_norm=float(grad_norm),
+            learning_rate=learning_rate,
             reward_mean=sum(rewards) / len(rewards) if rewards else float("nan"),
+            accuracy=sum(r >= 0.5 for r in rewards) / max(len(rewards), 1),
             staleness_mean=sum(staleness) / len(staleness),
+            staleness_min=min(staleness),
             staleness_max=float(max(staleness)),
+            staleness_hist=staleness_histogram(staleness),
             groups=float(len(groups)),
             completion_tokens=float(sum(g.num_tokens() for g in groups)),
             version=float(self.version),
+            step=self.version,
+            optimizer_seconds=time.time() - started,
         )
         return sums

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from peers.generation import SamplingParams, make_backend
-from peers.generation.transformers_backend import TransformersBackend
+from swarm.generation import SamplingParams, make_backend
+from swarm.generation.transformers_backend import TransformersBackend
 from swarm.logprobs import completion_logprobs
 from swarm.model.loading import load_policy
 from swarm.tasks.synthetic import ArithmeticTask

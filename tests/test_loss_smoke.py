@@ -51,8 +51,8 @@ def test_one_optimizer_step_per_loss(name):
 
 
 def test_learner_core_steps_on_generated_rollouts_and_counts_staleness():
-    from peers.generation import SamplingParams
-    from peers.generation.transformers_backend import TransformersBackend
+    from swarm.generation import SamplingParams
+    from swarm.generation.transformers_backend import TransformersBackend
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer
     from swarm.sampling import produce_rollouts

@@ -85,8 +85,8 @@ def test_advantage_error_is_the_same_for_every_ratio_on_fresh_rollouts():
     from fresh samples."""
     import math
 
-    from peers.generation import SamplingParams
-    from peers.generation.transformers_backend import TransformersBackend
+    from swarm.generation import SamplingParams
+    from swarm.generation.transformers_backend import TransformersBackend
     from swarm.diagnostics import expected_advantage_errors
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer

@@ -6,8 +6,15 @@ from pathlib import Path
 from typing import Sequence
 
 
-class JoinError(RuntimeError):
-    """The initial peers could not be reached."""
+from swarm.fabric.interface import JoinError
+
+
+def listen_maddrs(host: str, port: int) -> list[str]:
+    """TCP multiaddrs to listen on: an IPv4 or IPv6 literal host, port 0 meaning any free port."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be 0..65535, got {port}")
+    family = "ip6" if ":" in host else "ip4"
+    return [f"/{family}/{host}/tcp/{port}"]
 
 
 def start_dht(
@@ -54,3 +61,6 @@ def start_dht(
             ) from exc
         raise
     return dht, signature
+
+
+__all__ = ["JoinError", "listen_maddrs", "start_dht"]

@@ -1,6 +1,6 @@
-"""A peer of a gRPC swarm (see grpc_transport.py): its own server for rollouts and weights, the
-clients that reach other peers and the registry, and `GrpcFabric`, which gives peers the same
-methods as `HivemindFabric`."""
+"""A peer of a gRPC swarm (see grpc_common.py): its own server for rollouts and weights, the
+clients that reach other peers and the registry, and `GrpcFabric`, which implements the fabric
+interface (interface.py) like `HivemindFabric` does."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from swarm.fabric.grpc_transport import (
+from swarm.fabric.grpc_common import (
     CHUNK_BYTES,
     PEER_HEADER,
     SERVICE,
-    _bind,
-    _new_server,
-    _options,
+    bind,
+    channel_options,
+    new_server,
     owner_key,
     pack,
     unpack,
     verify_owner_signature,
 )
+from swarm.fabric.interface import JoinError
+from swarm.fabric.records import Heartbeat
 from swarm.fabric.rollout_exchange import InboxCore
-from swarm.fabric.versions import Announced, RebuildingClient, newest_authorised
+from swarm.fabric.versions import Announced, RebuildingClient, check_payload_size, newest_authorised
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ class _Channels:
 
         with self._lock:
             if address not in self._channels:
-                self._channels[address] = grpc.insecure_channel(address, options=_options())
+                self._channels[address] = grpc.insecure_channel(address, options=channel_options())
             return self._channels[address]
 
     def close(self) -> None:
@@ -63,9 +65,9 @@ class GrpcPeerServer:
             "Rollouts": grpc.stream_stream_rpc_method_handler(self._rollouts, request_deserializer=None, response_serializer=pack),
             "Weights": grpc.unary_stream_rpc_method_handler(self._weights, request_deserializer=unpack, response_serializer=None),
         }
-        self.server = _new_server()
+        self.server = new_server()
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Peer", handlers)])
-        self.port = _bind(self.server, host, port)
+        self.port = bind(self.server, host, port)
         self.address = f"{host}:{self.port}"
         self.server.start()
 
@@ -165,6 +167,7 @@ class GrpcWeightClient(RebuildingClient):
             raise KeyError(f"holder {holder_address} cannot serve version {want}: {header.get('reason')}")
         payloads = []
         for size in header["sizes"]:
+            check_payload_size(size, holder_address)
             parts, got = [], 0
             while got < size:
                 chunk = next(messages)  # StopIteration (a cut stream) is an incomplete transfer
@@ -197,8 +200,6 @@ class GrpcFabric:
     def _check_registry(self) -> None:
         import grpc
 
-        from swarm.fabric.dht import JoinError
-
         try:
             grpc.channel_ready_future(self.channels.get(self.registry)).result(timeout=self.timeout_s)
         except grpc.FutureTimeoutError:
@@ -217,12 +218,11 @@ class GrpcFabric:
     def addresses(self) -> list[str]:
         return [self.registry]  # over gRPC, peers join through the registry
 
-    def heartbeat(self, *, role: str, model: str = "", model_hash: str = "", version: int = 0, rollouts: int = 0,
-                  tokens_per_s: float = 0.0) -> bool:
-        from swarm import __version__
+    def now(self) -> float:
+        return time.time()
 
-        record = {"role": role, "peer_id": self.peer_id, "model": model, "model_hash": model_hash, "version": int(version),
-                  "rollouts": int(rollouts), "tokens_per_s": float(tokens_per_s), "software": __version__, "time": time.time()}
+    def heartbeat(self, beat: Heartbeat) -> bool:
+        record = beat.record(self.peer_id, self.now()).dict()
         reply = self._call("Heartbeat", {"run_id": self.run_id, "peer_id": self.peer_id, "token": self._token,
                                          "record": record, "expiry_s": self.expiry_s})
         if reply.get("ok"):
@@ -273,8 +273,7 @@ class GrpcFabric:
     def weight_client(self, **options):
         return GrpcWeightClient(self.channels, **options)
 
-    @staticmethod
-    def unreachable_errors() -> tuple[type[BaseException], ...]:
+    def unreachable_errors(self) -> tuple[type[BaseException], ...]:
         import grpc
 
         return (grpc.RpcError, ConnectionError, TimeoutError, OSError, StopIteration)
@@ -283,16 +282,3 @@ class GrpcFabric:
         if self.server is not None:
             self.server.stop()
         self.channels.close()
-
-
-def join_grpc(run_id: str, registry: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1", port: int = 0,
-              *, heartbeat_s: float = 5.0) -> GrpcFabric:
-    from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
-
-    if len(registry) != 1 or registry[0].startswith("/"):
-        raise ValueError("with --transport grpc, pass exactly one --peers HOST:PORT: the address "
-                         "`swarm bootstrap --transport grpc` prints")
-    identity_dir = Path(identity_dir)
-    stem = claim_identity_slot(identity_dir, role)
-    key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
-    return GrpcFabric(registry[0], run_id, key, host=host, port=port, heartbeat_s=heartbeat_s)

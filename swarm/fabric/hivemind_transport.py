@@ -1,11 +1,13 @@
 """The swarm fabric over hivemind: a DHT for membership and version announcements (signed,
-schema-checked records), libp2p streams for rollouts and weights. Peers talk to it through this
-one object, so another transport (gRPC) can stand in with the same methods."""
+schema-checked records), libp2p streams for rollouts and weights. `HivemindFabric` implements the
+fabric interface (interface.py); `HivemindBootstrap` is the DHT node peers join through."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from swarm.fabric.records import Heartbeat
 
 
 class HivemindFabric:
@@ -34,8 +36,13 @@ class HivemindFabric:
         """What other peers pass to --peers to join through this one."""
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
-    def heartbeat(self, **record) -> bool:
-        return self._members.heartbeat(**record)
+    def now(self) -> float:
+        from hivemind.utils import get_dht_time
+
+        return get_dht_time()
+
+    def heartbeat(self, beat: Heartbeat) -> bool:
+        return self._members.heartbeat(beat)
 
     def members(self):
         from swarm.fabric.records import list_members
@@ -76,8 +83,7 @@ class HivemindFabric:
         self._owned.append(component)
         return component
 
-    @staticmethod
-    def unreachable_errors() -> tuple[type[BaseException], ...]:
+    def unreachable_errors(self) -> tuple[type[BaseException], ...]:
         """What a call to a peer that is gone (or restarting) raises."""
         import asyncio
 
@@ -95,16 +101,30 @@ class HivemindFabric:
         self.dht.shutdown()
 
 
-def join_hivemind(run_id: str, peers: Sequence[str], identity_dir: Path, role: str, host: str = "127.0.0.1",
-                  port: int = 0, *, heartbeat_s: float = 5.0) -> HivemindFabric:
-    """Start this peer's DHT node with its persistent keys (libp2p identity and record-signing key)."""
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
+class HivemindBootstrap:
+    """A bootstrap node of a hivemind swarm: a DHT node (with a stable peer id when given a key file)."""
 
-    identity_dir = Path(identity_dir)
-    stem = claim_identity_slot(identity_dir, role)
-    key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
-    family = "ip6" if ":" in host else "ip4"
-    dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=[f"/{family}/{host}/tcp/{port}"],
-                               identity_path=identity_dir / f"{stem}.p2p.key", signing_key=key)
-    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s)
+    transport = "hivemind"
+
+    def __init__(self, run_id: str, *, host: str, port: int, identity_path: Path | None = None,
+                 initial_peers: Sequence[str] = ()) -> None:
+        from swarm.fabric.dht import listen_maddrs, start_dht
+
+        self.run_id = run_id
+        self.dht, _ = start_dht(run_id, initial_peers=list(initial_peers), host_maddrs=listen_maddrs(host, port),
+                                identity_path=identity_path)
+
+    @property
+    def peer_id(self) -> str:
+        return self.dht.peer_id.to_base58()
+
+    def addresses(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def members(self):
+        from swarm.fabric.records import list_members
+
+        return list_members(self.dht, self.run_id)
+
+    def shutdown(self) -> None:
+        self.dht.shutdown()

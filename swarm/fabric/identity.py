@@ -9,6 +9,7 @@ Two keys per peer, each in a file so that it survives restarts:
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -65,3 +66,22 @@ def claim_identity_slot(identity_dir: Path, role: str, max_slots: int = 64) -> s
         _held_locks.append(handle)
         return stem
     raise RuntimeError(f"{max_slots} {role}s already run from {identity_dir}; pass --identity-dir to give this one its own keys")
+
+
+def identity_dir_or_default(identity_dir: Path | None) -> Path:
+    return Path(identity_dir) if identity_dir else default_identity_dir()
+
+
+def encode_learner_key(public_key_subkey: bytes) -> str:
+    """The `[owner:...]` bytes of a learner's signing key, as one printable token (`--learner-key`)."""
+    return base64.urlsafe_b64encode(public_key_subkey).decode()
+
+
+def decode_learner_key(text: str) -> bytes:
+    try:
+        raw = base64.urlsafe_b64decode(text.encode())
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"learner key {text[:20]!r}... is not the token a learner prints at start-up") from exc
+    if not raw.startswith(b"[owner:") or not raw.endswith(b"]"):
+        raise ValueError("learner key is not the token a learner prints at start-up (swarm learner shows it)")
+    return raw

@@ -8,7 +8,7 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 """
 
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
 from pydantic.v1 import BaseModel, StrictFloat, conint, constr
@@ -61,6 +61,25 @@ def make_schema(run_id: str):
     return SwarmSchema
 
 
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a peer says about itself in its membership record (the transport adds its peer id, the
+    software version and the time)."""
+
+    role: str  # "sampler" or "learner"
+    model: str = ""  # model name or path (first 256 characters)
+    model_hash: str = ""  # hash of the weights it holds ("" if unknown)
+    version: int = 0  # policy version it holds
+    rollouts: int = 0  # rollout groups produced (sampler) / used (learner)
+    tokens_per_s: float = 0.0  # recent throughput
+
+    def record(self, peer_id: str, now: float) -> "MemberRecord":
+        fields = asdict(self)
+        fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts),
+                      tokens_per_s=float(self.tokens_per_s))
+        return MemberRecord(peer_id=peer_id, software=__version__, time=float(now), **fields)
+
+
 @dataclass
 class Member:
     """A membership record as read back from the DHT."""
@@ -80,15 +99,11 @@ class MembershipPublisher:
         self.heartbeat_s = heartbeat_s
         self.expiry_s = heartbeat_s * expiry_heartbeats
 
-    def heartbeat(self, *, role: str, model: str = "", model_hash: str = "", version: int = 0, rollouts: int = 0,
-                  tokens_per_s: float = 0.0) -> bool:
+    def heartbeat(self, beat: Heartbeat) -> bool:
         from hivemind.utils import get_dht_time
 
         now = get_dht_time()
-        record = MemberRecord(role=role, peer_id=self.dht.peer_id.to_base58(), model=model, model_hash=model_hash,
-                              version=version, rollouts=rollouts, tokens_per_s=float(tokens_per_s),
-                              software=__version__, time=float(now))
-        value = record.dict()
+        value = beat.record(self.dht.peer_id.to_base58(), now).dict()
         return bool(self.dht.store(self.key, subkey=self.subkey, value=value, expiration_time=now + self.expiry_s))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -25,7 +26,20 @@ from swarm.fabric.records import VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import CorruptVersion, apply_payload_verified, encode_delta, encode_snapshot, state_hash
 
 logger = logging.getLogger(__name__)
+# A receiver refuses any single weight payload (a snapshot or delta) announced as larger than this,
+# before reading it: a hostile holder must not make a peer allocate without bound. 4 GiB covers a
+# bf16 snapshot of a 2B-parameter policy.
 MAX_PAYLOAD_BYTES = 4 * 1024**3
+
+
+class OversizedPayload(ValueError):
+    """A holder announced a weight payload larger than MAX_PAYLOAD_BYTES."""
+
+
+def check_payload_size(size: int, holder, limit: int = MAX_PAYLOAD_BYTES) -> int:
+    if not isinstance(size, int) or size < 0 or size > limit:
+        raise OversizedPayload(f"holder {holder} announced a weight payload of {size} bytes (limit {limit})")
+    return size
 
 
 def handler_name(run_id: str) -> str:
@@ -37,6 +51,18 @@ class Announced:
     version: int
     hash: str
     peer_id: str
+
+
+@dataclass
+class FetchResult:
+    """What one fetch brought: the verified version, from whom, and what it cost."""
+
+    version: int
+    holder: str
+    bytes: int  # payload bytes received
+    kinds: list[str]  # "snapshot" or "delta", per payload
+    seconds: float
+    state: dict
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, *, expiry_s: float = 60.0) -> bool:
@@ -170,9 +196,10 @@ class RebuildingClient:
     def _payloads(self, holder_peer_id, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
 
-    def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> dict[str, torch.Tensor]:
+    def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> FetchResult:
         """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
-        added) when what arrives does not rebuild `want_hash`; the caller tries another holder."""
+        added) when what arrives does not rebuild `want_hash`."""
+        started = time.time()
         with store.lock:
             have = store.latest if store.latest is not None and store.latest < want else None
             base = store.states[have] if have is not None else None
@@ -188,7 +215,8 @@ class RebuildingClient:
         for v, s, payload, d, kind in built:  # only a fully verified chain is kept
             store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
                       snapshot=payload if kind == "snapshot" else None, owned=True)
-        return state
+        return FetchResult(version=want, holder=str(holder_peer_id), bytes=sum(len(p) for p in payloads),
+                           kinds=[b[4] for b in built], seconds=time.time() - started, state=state)
 
 
 class WeightClient(RebuildingClient):
@@ -210,7 +238,12 @@ class WeightClient(RebuildingClient):
             header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
             if not header.get("ok"):
                 raise KeyError(f"holder {peer_id} cannot serve version {want}: {header.get('reason')}")
-            return [await P2P.receive_raw_data(reader) for _ in range(int(header["count"]))]
+            payloads = []
+            for _ in range(int(header["count"])):
+                # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
+                size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+                payloads.append(await reader.readexactly(check_payload_size(size, peer_id)))
+            return payloads
         finally:
             writer.close()
 

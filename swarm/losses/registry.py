@@ -10,49 +10,13 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from swarm.losses.base import LossInputs, LossOutputs, SeqLogprobMode
+from swarm.config import LOSS_NAMES, LossConfig
+from swarm.losses.base import LossInputs, LossOutputs
 from swarm.losses.kl import k3_penalty, kl_learner_sampler, kl_sampler_learner
 
 AdvantageMode = Literal["std", "no_std", "beta"]
 WeightLevel = Literal["token", "sequence", "group"]
-
-
-class LossConfig(BaseModel):
-    """Which policy loss to use and its knobs. Unset clip bounds take the loss's own defaults."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field("gepo", description="registered loss name; see `swarm.losses.LOSSES`")
-    eps_low: float | None = Field(None, ge=0, description="lower clip: ratio >= 1 - eps_low (loss default if unset)")
-    eps_high: float | None = Field(None, ge=0, description="upper clip: ratio <= 1 + eps_high (loss default if unset)")
-    seq_logprob_mode: SeqLogprobMode = Field(
-        "mean", description="sequence log-prob: 'mean' over tokens (GEPO reference) or 'sum'"
-    )
-    kl_coef: float = Field(
-        0.005, ge=0, description="sampler-learner k3 KL penalty coefficient (0.005 in the GEPO paper's heterogeneous runs)"
-    )
-    gepo_expectation: Literal["group", "batch"] = Field(
-        "group",
-        description="GEPO's E_q[q] over each prompt group (the paper) or over the whole micro-batch "
-        "(what the reference code does; kept only for comparison)",
-    )
-    max_completion_length: int | None = Field(
-        None, gt=0, description="Dr.GRPO's constant normaliser length (the padded width T if unset)"
-    )
-
-    @model_validator(mode="after")
-    def _known_loss(self) -> "LossConfig":
-        if self.name not in LOSSES:
-            raise ValueError(f"unknown loss {self.name!r}; choose one of: {', '.join(sorted(LOSSES))}")
-        return self
-
-    def clip_range(self) -> tuple[float, float]:
-        spec = LOSSES[self.name]
-        low = spec.eps_low if self.eps_low is None else self.eps_low
-        high = spec.eps_high if self.eps_high is None else self.eps_high
-        return low, high
 
 
 LossFn = Callable[[LossInputs, LossConfig], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -77,6 +41,8 @@ def register_loss(
     def decorate(fn: LossFn) -> LossFn:
         if name in LOSSES:
             raise ValueError(f"loss {name!r} is registered twice")
+        if name not in LOSS_NAMES:  # the config's choice list must know every loss
+            raise ValueError(f"loss {name!r} is not listed in swarm.config.LOSS_NAMES; add it there")
         LOSSES[name] = LossSpec(fn, eps_low, eps_high, advantage_mode, level, summary)
         return fn
 
@@ -103,7 +69,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
     )
     policy_loss, metrics = LOSSES[config.name].fn(cast, config)
     kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask)
-    loss = policy_loss + config.kl_coef * kl_pen if config.kl_coef > 0 else policy_loss
+    loss = policy_loss + config.beta * kl_pen if config.beta > 0 else policy_loss
     metrics = {k: v.detach() for k, v in metrics.items()}
     metrics.update(
         loss=loss.detach(),

@@ -27,4 +27,12 @@ def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, **datas
     )
 
 
-__all__ = ["BUILTIN_TASKS", "Problem", "Task", "build_prompt", "load_task", "shard_for_sampler"]
+def load_problems(name_or_path: str, options: dict, *, tokenizer=None, split: str = "train") -> list[Problem]:
+    """The task's problems for `split` (the same ids on every peer, so a learner can check answers)."""
+    problems = list(load_task(name_or_path, tokenizer=tokenizer, **options).problems(split))
+    if not problems:
+        raise ValueError(f"task {name_or_path!r} has no {split} problems")
+    return problems
+
+
+__all__ = ["BUILTIN_TASKS", "Problem", "Task", "build_prompt", "load_problems", "load_task", "shard_for_sampler"]

@@ -41,6 +41,7 @@ class Generation:
 
 class GenerationBackend(Protocol):
     name: str
+    tokenizer: object  # the policy's tokenizer (tasks build prompts with it)
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:
         """G completions for each prompt, in prompt order."""
@@ -49,19 +50,3 @@ class GenerationBackend(Protocol):
     def load_state_dict(self, state_dict: Mapping[str, "object"]) -> None:
         """Replace the policy weights in place (a new policy version)."""
         ...
-
-
-BACKENDS = ("transformers", "vllm")
-
-
-def make_backend(name: str, model_dir: str, **kwargs) -> GenerationBackend:
-    """Create the named backend for a model directory (vLLM is imported only if chosen)."""
-    if name == "transformers":
-        from peers.generation.transformers_backend import TransformersBackend
-
-        return TransformersBackend.from_pretrained(model_dir, **kwargs)
-    if name == "vllm":
-        from peers.generation.vllm_backend import VLLMBackend
-
-        return VLLMBackend(model_dir, **kwargs)
-    raise ValueError(f"unknown generation backend {name!r}; choose one of: {', '.join(BACKENDS)}")

@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from peers.generation.base import Generation, SamplingParams
+from swarm.generation.base import Generation, SamplingParams
 
 
 class TransformersBackend:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from peers.generation.base import Generation, SamplingParams
+from swarm.generation.base import Generation, SamplingParams
 
 
 def _load_weights_on_worker(worker, items):

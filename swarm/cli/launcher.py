@@ -1,5 +1,7 @@
 """A whole swarm on this machine as separate processes on loopback: one bootstrap node, one
-learner, N samplers, each a real `swarm` CLI process with its own log in the run directory.
+learner, N samplers, each a real `swarm` CLI process with its own log in `RUN_DIR/logs/` and its
+own run directory. What the launcher needs from a peer (its addresses, the learner's key) it reads
+from the ready.json the peer writes there, never from its printed output.
 
 Process hygiene: every child gets its own session (so a Ctrl-C in the terminal reaches only the
 launcher, which then stops the children in order: samplers, learner, bootstrap) and, on Linux, a
@@ -10,13 +12,14 @@ waits, and kills what is left; it only ever signals the processes it started.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from swarm.runlog import wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
@@ -35,7 +38,9 @@ def _die_with_parent() -> None:
 class Proc:
     name: str
     popen: subprocess.Popen
-    log: Path
+    log: Path  # its printed output, for people
+    run_dir: Path | None = None  # where it writes ready.json and its JSONL records
+    ready: dict = field(default_factory=dict)  # its ready.json, once read
 
     def text(self) -> str:
         try:
@@ -52,46 +57,47 @@ class LocalSwarm:
     transport: str = "hivemind"
     procs: list[Proc] = field(default_factory=list)
 
-    def spawn(self, name: str, *args: str) -> Proc:
+    def spawn(self, name: str, *args: str, run_dir: Path | None = None) -> Proc:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
                    MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false")
+        extra = ("--run-dir", str(run_dir)) if run_dir is not None else ()
         with log.open("w") as out:
-            popen = subprocess.Popen([*SWARM, *args], stdout=out, stderr=subprocess.STDOUT, env=env, text=True,
+            popen = subprocess.Popen([*SWARM, *args, *extra], stdout=out, stderr=subprocess.STDOUT, env=env, text=True,
                                      start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        proc = Proc(name, popen, log)
+        proc = Proc(name, popen, log, run_dir)
         self.procs.append(proc)
         return proc
 
-    def wait_for(self, proc: Proc, pattern: str, timeout: float = 120.0) -> re.Match:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            match = re.search(pattern, proc.text())
-            if match:
-                return match
-            if proc.popen.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{proc.name} did not print {pattern!r} (exit status {proc.popen.poll()}); "
-                           f"its log {proc.log} ends with:\n{proc.text()[-2000:]}")
+    def wait_ready(self, proc: Proc, timeout: float = 120.0) -> dict:
+        """The peer's ready.json; raises RuntimeError with the end of its log if it never comes."""
+        found = wait_ready(proc.run_dir, timeout_s=timeout, alive=lambda: proc.popen.poll() is None)
+        if found is None:
+            raise RuntimeError(f"{proc.name} did not get ready (exit status {proc.popen.poll()}); "
+                               f"its log {proc.log} ends with:\n{proc.text()[-2000:]}")
+        proc.ready = found
+        return found
 
     def start_bootstrap(self) -> str:
+        """Start the bootstrap node; returns the address peers join through."""
         boot = self.spawn("bootstrap", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--run-id", self.run_id,
-                          "--identity", str(self.run_dir / "keys" / "bootstrap.p2p.key"), "--status-every", "10",
-                          "--transport", self.transport)
-        return self.wait_for(boot, r"--peers (\S+)").group(1)
+                          "--identity", str(self.run_dir / "keys" / "bootstrap.p2p.key"), "--status-every-s", "10",
+                          "--transport", self.transport, run_dir=self.run_dir / "bootstrap")
+        return self.wait_ready(boot)["addresses"][0]
 
-    def start_learner(self, peers: str, *options: str) -> tuple[Proc, str]:
+    def start_learner(self, peers: str, *options: str, run_dir: Path | None = None) -> tuple[Proc, str]:
+        """Start a learner (run directory RUN_DIR/learner unless given); returns it and its learner key."""
         learner = self.spawn("learner", "learner", "--peers", peers, "--run-id", self.run_id,
-                             "--identity-dir", str(self.run_dir / "keys" / "learner"), "--transport", self.transport, *options)
-        key = self.wait_for(learner, r"--learner-key (\S+)").group(1)
-        return learner, key
+                             "--identity-dir", str(self.run_dir / "keys" / "learner"), "--transport", self.transport,
+                             *options, run_dir=run_dir or self.run_dir / "learner")
+        return learner, self.wait_ready(learner)["learner_key"]
 
     def start_sampler(self, name: str, peers: str, learner_key: str, *options: str) -> Proc:
+        """Start a sampler (run directory RUN_DIR/NAME); it is not waited for."""
         return self.spawn(name, "sampler", "--peers", peers, "--learner-key", learner_key, "--run-id", self.run_id,
                           "--sampler-id", name, "--identity-dir", str(self.run_dir / "keys" / name),
-                          "--transport", self.transport, *options)
+                          "--transport", self.transport, *options, run_dir=self.run_dir / name)
 
     def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
         if proc.popen.poll() is None:

@@ -1,69 +1,15 @@
-"""The swarm fabric over gRPC, for networks where libp2p cannot run: the same interfaces as
-hivemind_transport.HivemindFabric.
-
-- A **registry** (run by `swarm bootstrap --transport grpc`) holds membership records and version
-  announcements in memory, with the same expiry as the DHT records. Each record is keyed by the
-  peer's address and guarded by a per-peer token issued on its first heartbeat, so no peer can
-  overwrite another's record until it has expired. Version announcements are signed with the
-  learner's RSA key (the same key and `--learner-key` token as over hivemind): the registry refuses
-  bad signatures, and samplers verify them again against the keys they were given.
-- Every peer runs a gRPC **server** at `host:port` (its peer id here) serving its rollout inbox
-  (learners) and the versions it holds (everyone: relay); peers stream rollouts and weights to
-  each other directly.
-
-No protobuf code generation: methods are registered as generic handlers carrying msgpack bytes
-(frames from wire.py for rollouts, weight_delta payloads for weights, cut into chunks).
-"""
+"""The registry of a gRPC swarm (`swarm bootstrap --transport grpc`): membership records and
+version announcements per run, in memory, with expiry; see grpc_common.py for the transport."""
 
 from __future__ import annotations
 
-import logging
 import secrets
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass
 
-import msgpack
+from swarm.fabric.grpc_common import REGISTRY_REQUEST_LIMIT, SERVICE, bind, new_server, pack, unpack, verify_owner_signature
 
-logger = logging.getLogger(__name__)
-
-SERVICE = "gepo_swarm.v1"
-CHUNK_BYTES = 4 * 1024 * 1024  # weight payloads travel in chunks well under gRPC's message limits
-MESSAGE_LIMIT = 64 * 1024 * 1024
-REGISTRY_REQUEST_LIMIT = 1024 * 1024
-PEER_HEADER = "x-swarm-peer"  # the sender's claimed address (gRPC has no peer authentication)
-
-
-def pack(obj) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
-
-
-def unpack(data: bytes):
-    return msgpack.unpackb(data, raw=False)
-
-
-def _options(limit: int = MESSAGE_LIMIT) -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
-
-
-def _new_server(workers: int = 64, limit: int = MESSAGE_LIMIT):
-    # one thread per open call: a learner's rollout streams block while its queue is full
-    # (backpressure), so the pool must stay larger than the number of samplers streaming at once
-    import grpc
-
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"), options=_options(limit))
-
-
-def _bind(server, host: str, port: int) -> int:
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
-    if not bound:
-        raise OSError(f"could not listen on {host}:{port}; is the port in use?")
-    return bound
-
-
-# ---------------------------------------------------------------------------------------------
-# registry
 
 
 @dataclass
@@ -154,24 +100,39 @@ def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0):
         for name, fn in (("Heartbeat", registry.heartbeat), ("Members", registry.list_members),
                          ("Announce", registry.announce), ("Versions", registry.list_versions))
     }
-    server = _new_server(limit=REGISTRY_REQUEST_LIMIT)
+    server = new_server(limit=REGISTRY_REQUEST_LIMIT)
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Registry", handlers)])
-    bound = _bind(server, host, port)
+    bound = bind(server, host, port)
     server.start()
     return server, bound
 
 
-def owner_key(private_key) -> bytes:
-    """The `[owner:ssh-rsa ...]` form of a signing key's public half (as hivemind writes it)."""
-    return b"[owner:" + private_key.get_public_key().to_bytes() + b"]"
+class GrpcBootstrap:
+    """A bootstrap node of a gRPC swarm: the registry, served on `host:port`."""
 
+    transport = "grpc"
 
-def verify_owner_signature(owner: bytes, payload: bytes, signature: bytes) -> bool:
-    from hivemind.utils.crypto import RSAPublicKey
+    def __init__(self, run_id: str, *, host: str, port: int) -> None:
+        self.run_id, self.host = run_id, host
+        self.registry = Registry()
+        self._server, self.port = serve_registry(self.registry, host, port)
 
-    if not (owner.startswith(b"[owner:") and owner.endswith(b"]")):
-        return False
-    try:
-        return RSAPublicKey.from_bytes(owner[len(b"[owner:"):-1]).verify(payload, signature)
-    except Exception:  # noqa: BLE001  a key that does not parse verifies nothing
-        return False
+    @property
+    def peer_id(self) -> str:
+        return self.addresses()[0]
+
+    def addresses(self) -> list[str]:
+        # a wildcard address is not something another peer can dial: show loopback, and the
+        # operator substitutes the machine's address for peers elsewhere
+        shown = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return [f"{shown}:{self.port}"]
+
+    def members(self):
+        from swarm.fabric.records import Member, MemberRecord
+
+        listed = self.registry.list_members({"run_id": self.run_id})["members"]
+        found = [Member(record=MemberRecord.parse_obj(m["record"]), expires_at=m["expires_at"], owner=b"") for m in listed]
+        return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+
+    def shutdown(self) -> None:
+        self._server.stop(grace=1.0).wait(5)

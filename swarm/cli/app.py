@@ -1,0 +1,20 @@
+"""The `swarm` command group. Click only parses; each command imports its heavy libraries (torch,
+transformers, hivemind) inside its body, so `swarm --help` stays fast."""
+
+from __future__ import annotations
+
+import click
+
+from swarm import __version__
+from swarm.cli.local_commands import demo_command, eval_command
+from swarm.cli.peer_commands import bootstrap_command, learner_command, sampler_command, status_command
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="gepo-swarm")
+def main() -> None:
+    """GEPO Swarm: peer-to-peer RL post-training of language models."""
+
+
+for command in (bootstrap_command, learner_command, sampler_command, status_command, eval_command, demo_command):
+    main.add_command(command)

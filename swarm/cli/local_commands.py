@@ -1,0 +1,78 @@
+"""The commands that run on this machine alone: `swarm eval` and `swarm demo`. Each body imports
+its heavy libraries late (`swarm --help` must not import torch)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
+from swarm.config import DemoConfig, EvalConfig
+
+
+@click.command("eval", cls=GroupedCommand)
+@config_options(EvalConfig)
+@click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print the result as JSON")
+def eval_command(config_file, as_json, **options):
+    """Accuracy of a policy on a task: pass@1 over --eval-samples samples per problem, and greedy accuracy."""
+    from swarm.evaluation import evaluate
+
+    config = config_from_options("eval", config_file, options)
+    with user_errors():
+        result = evaluate(
+            config.model, config.task, split=config.split, limit=config.eval_problems, samples=config.eval_samples,
+            temperature=config.temperature, max_completion_length=config.max_completion_length, greedy=config.greedy,
+            backend_name=config.backend, device=config.device, seed=config.seed,
+            show_progress=not as_json and sys.stderr.isatty(), task_options=config.task_options(),
+        )
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.model} on {result.task} ({result.split}, {result.num_problems} problems)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row(f"pass@1 (k={result.samples_per_problem}, T={result.temperature:g})", f"{100 * result.pass_at_1:.1f}%")
+    if result.greedy_accuracy is not None:
+        table.add_row("greedy accuracy", f"{100 * result.greedy_accuracy:.1f}%")
+    table.add_row("unscorable completions", str(result.unscorable))
+    table.add_row("completion tokens", str(result.completion_tokens))
+    table.add_row("seconds", f"{result.seconds:.1f}")
+    Console().print(table)
+
+
+@click.command("demo", cls=GroupedCommand)
+@config_options(DemoConfig)
+def demo_command(config_file, **options):
+    """Train the embedded policy with GEPO on a whole local swarm and show accuracy before and after.
+
+    Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1 (Ctrl-C
+    stops them all), shows them train, then evaluates the first and the last version. With
+    --in-process, trains in this one process instead."""
+    from rich.console import Console
+
+    from swarm.cli.demo import print_result, run_in_process_demo, run_swarm_demo
+
+    config = config_from_options("demo", config_file, options)
+    run_dir = Path(config.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise click.UsageError(f"run directory {run_dir} is not empty; choose another --run-dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if config.in_process:
+        with user_errors():
+            result = run_in_process_demo(config, run_dir)
+        files = "config.yaml, steps.jsonl, evals.json, plot training.png"
+    else:
+        try:
+            with user_errors(RuntimeError):
+                result = run_swarm_demo(config, run_dir, console=Console(stderr=True))
+        except KeyboardInterrupt:
+            raise click.ClickException(f"interrupted; all demo processes were stopped. Logs: {run_dir / 'logs'}") from None
+        files = "swarm.yaml, learner/steps.jsonl, learner/checkpoints, sampler-*/events.jsonl, logs/, evals.json, plot training.png"
+    print_result(Console(), config, result["before"], result["after"], result["version"], run_dir, files)

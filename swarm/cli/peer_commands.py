@@ -1,0 +1,125 @@
+"""The commands that run a peer or look at a swarm: `swarm bootstrap`, `learner`, `sampler` and
+`status`. Each body imports its heavy libraries late (`swarm --help` must not import torch)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
+from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings
+
+
+def _join_failures() -> tuple[type[BaseException], ...]:
+    from swarm.fabric.interface import JoinError
+
+    return (JoinError, TimeoutError)
+
+
+@click.command("bootstrap", cls=GroupedCommand)
+@config_options(BootstrapConfig)
+def bootstrap_command(config_file, **options):
+    """Start a bootstrap node: the address other peers join through.
+
+    Writes RUN_DIR/ready.json (its addresses) and a status record to RUN_DIR/events.jsonl every
+    --status-every-s seconds."""
+    from bootstrap.node import run_bootstrap
+
+    config = config_from_options("bootstrap", config_file, options)
+    with user_errors(*_join_failures()):
+        run_bootstrap(config, echo=click.echo)
+
+
+@click.command("learner", cls=GroupedCommand)
+@config_options(LearnerConfig)
+def learner_command(config_file, **options):
+    """Train the policy on rollouts from samplers and publish each new version.
+
+    Settings come from the options below, over a config file (--config), over the defaults; the
+    resolved configuration is written to the run directory as config.yaml, beside ready.json
+    (peer id, addresses, learner key), steps.jsonl and events.jsonl."""
+    from peers.learner import run_learner
+
+    config = config_from_options("learner", config_file, options)
+    if config.run_dir is None:
+        config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
+    with user_errors(*_join_failures()):
+        result = run_learner(config, echo=click.echo)
+    click.echo(f"learner stopped at version {result['version']} ({result['used']} groups used, dropped {result['dropped']}, "
+               f"refused on receipt {result['refused'] or 'none'}, banned {result['banned'] or 'none'}); run directory {result['run_dir']}")
+
+
+@click.command("sampler", cls=GroupedCommand)
+@config_options(SamplerConfig)
+def sampler_command(config_file, **options):
+    """Generate and score rollouts with the newest policy version and send them to the learner.
+
+    Settings come from the options below, over a config file (--config), over the defaults; the
+    run directory gets config.yaml, ready.json and events.jsonl (versions fetched, groups sent
+    and refused, throughput)."""
+    from peers.sampler import run_sampler
+
+    config = config_from_options("sampler", config_file, options)
+    with user_errors(*_join_failures()):
+        result = run_sampler(config, echo=click.echo)
+    click.echo(f"sampler stopped: {result['sent']} groups accepted over {result['rounds']} rounds, at version "
+               f"{result['version']}; refused by the learner: {result['refused'] or 'none'}; run directory {result['run_dir']}")
+
+
+def _swarm_option(name: str, **kwargs):
+    """An option whose help and default come from SwarmSettings (spelled as in learner and sampler)."""
+    field = SwarmSettings.model_fields[name]
+    return click.option(f"--{name.replace('_', '-')}", name, help=field.description, cls=GroupedOption, group="swarm",
+                        show_default=True, **kwargs)
+
+
+@click.command("status", cls=GroupedCommand)
+@_swarm_option("peers", multiple=True, required=True)
+@_swarm_option("run_id", default=SwarmSettings.model_fields["run_id"].default)
+@_swarm_option("transport", default=SwarmSettings.model_fields["transport"].default, type=click.Choice(TRANSPORTS))
+@click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print JSON for scripts")
+@click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
+              help="refresh every this many seconds")
+def status_command(peers, run_id, transport, as_json, watch):
+    """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer."""
+    from swarm.fabric.transports import observe
+
+    with user_errors(*_join_failures()):
+        observer = observe(transport, run_id=run_id, peers=list(peers))
+    try:
+        while True:
+            now = observer.now()
+            members = observer.members()
+            learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
+            rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
+                     "staleness": None if learner_version is None else learner_version - m.record.version,
+                     "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
+                     "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software} for m in members]
+            if as_json:
+                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
+            else:
+                _print_status(run_id, learner_version, rows)
+            if not watch:
+                break
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        observer.shutdown()
+
+
+def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run '{run_id}': learner version {learner_version if learner_version is not None else '-'}, "
+                        f"{len(rows)} peer(s)")
+    for col in ("role", "peer", "version", "staleness", "rollouts", "tokens/s", "last heartbeat"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["role"], r["peer_id"][-12:], str(r["version"]), str(r["staleness"]), str(r["rollouts"]),
+                      str(r["tokens_per_s"]), f"{r['last_heartbeat_s']}s ago")
+    Console().print(table)

@@ -1,0 +1,124 @@
+"""The written interface of the swarm fabric: what every transport gives peers.
+
+Peers and tools use only these methods, with these signatures; `hivemind_transport.HivemindFabric`
+(DHT + libp2p streams) and `grpc_peer.GrpcFabric` (registry + gRPC servers) implement them, and
+the same tests run over both (tests/test_fabric_interface.py checks the signatures match). The one
+place a transport is chosen is `transports.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol, Sequence, runtime_checkable
+
+from swarm.fabric.records import Heartbeat, Member
+from swarm.fabric.versions import Announced, FetchResult, VersionStore
+from swarm.rollouts import RolloutGroup
+
+
+class JoinError(RuntimeError):
+    """None of the initial peers (or the registry) could be reached."""
+
+
+class RolloutInbox(Protocol):
+    """A learner's inbox: validated groups, each delivered at most once, oldest first."""
+
+    learner_version: int  # set by the learner as it steps: bounds what the inbox accepts
+
+    def get(self, timeout: float | None = None) -> RolloutGroup | None: ...
+
+    def qsize(self) -> int: ...
+
+    def penalize(self, peer: str, reason: str) -> None:
+        """Count a refusal that is the sender's fault (repeated ones ban the peer)."""
+
+    def close(self) -> None: ...
+
+
+class RolloutSender(Protocol):
+    def send(self, learner_peer: str, groups: Sequence[RolloutGroup]) -> list[dict]:
+        """One ack per group, in order: {"ok": True} or {"ok": False, "reason": ...}."""
+
+    def send_frames(self, learner_peer: str, frames: Sequence[bytes]) -> list[dict]:
+        """Raw wire frames (tests send malformed ones)."""
+
+    def close(self) -> None: ...
+
+
+class WeightServer(Protocol):
+    """Serves the versions held in a `VersionStore` to any peer that asks."""
+
+    served: int
+
+    def close(self) -> None: ...
+
+
+class WeightClient(Protocol):
+    def fetch(self, holder: str, want: int, want_hash: str, store: VersionStore) -> FetchResult:
+        """Version `want` from `holder`, rebuilt and verified against `want_hash`, added to `store`.
+        Raises CorruptVersion (nothing added) when it does not verify."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Fabric(Protocol):
+    transport: str  # "hivemind" or "grpc"
+
+    @property
+    def peer_id(self) -> str:
+        """This peer's id in the transport (base58 libp2p id, or host:port over gRPC)."""
+
+    @property
+    def public_key(self) -> bytes:
+        """The `[owner:...]` bytes of the key that signs this peer's records."""
+
+    @property
+    def heartbeat_s(self) -> float:
+        """Seconds between membership heartbeats (records expire a few heartbeats later)."""
+
+    def addresses(self) -> list[str]:
+        """What other peers pass to --peers to join through this one."""
+
+    def now(self) -> float:
+        """The clock membership records are stamped with (seconds)."""
+
+    def heartbeat(self, beat: Heartbeat) -> bool:
+        """Publish this peer's membership record; False when the swarm refused it."""
+
+    def members(self) -> list[Member]:
+        """Current, unexpired members of the run, sorted by role and peer id."""
+
+    def announce(self, version: int, digest: str) -> bool:
+        """Announce a published version under this peer's signing key."""
+
+    def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
+        """The newest announcement signed by one of `learner_keys` (all others are ignored)."""
+
+    def rollout_inbox(self, **options) -> RolloutInbox: ...
+
+    def rollout_sender(self, **options) -> RolloutSender: ...
+
+    def weight_server(self, store: VersionStore) -> WeightServer: ...
+
+    def weight_client(self, **options) -> WeightClient: ...
+
+    def unreachable_errors(self) -> tuple[type[BaseException], ...]:
+        """What a call to a peer that is gone (or restarting) raises."""
+
+    def shutdown(self) -> None:
+        """Close everything this fabric made (idempotent)."""
+
+
+class BootstrapNode(Protocol):
+    """The entry point peers join through: a DHT node, or the gRPC registry."""
+
+    transport: str
+
+    @property
+    def peer_id(self) -> str: ...
+
+    def addresses(self) -> list[str]: ...
+
+    def members(self) -> list[Member]: ...
+
+    def shutdown(self) -> None: ...

@@ -1,0 +1,116 @@
+"""What a peer leaves in its run directory for tools to read (tools never parse printed text):
+
+- `ready.json`   written once the peer has joined: its role, peer id, the addresses others join
+                 through and, for a learner, the `--learner-key` token. Written atomically, so a
+                 reader sees all of it or nothing.
+- `steps.jsonl`  the learner's and the in-process trainer's record of every optimizer step (one
+                 schema, `StepLog`).
+- `events.jsonl` everything else a peer reports as it runs: versions fetched, groups sent and
+                 refused, throughput, status (`EventLog`). Every record has `time` and `event`.
+
+`read_jsonl` reads any of them while they are being written (a last line cut short is skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+READY_FILE = "ready.json"
+STEPS_FILE = "steps.jsonl"
+EVENTS_FILE = "events.jsonl"
+
+
+class JsonlLog:
+    """Appends one JSON object per line and flushes it, so readers see whole records at once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StepLog(JsonlLog):
+    """`steps.jsonl`: one record per optimizer step: the metrics of `training.LearnerCore.step`
+    (step, version, learning_rate, reward, accuracy, staleness, the loss's metrics, ...) plus
+    `time`; the swarm learner adds its inbox counters, the in-process trainer its prompt digest."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(Path(run_dir) / STEPS_FILE)
+
+    def step(self, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        record = {**metrics, **extra, "time": time.time()}
+        self.write(record)
+        return record
+
+
+class EventLog(JsonlLog):
+    """`events.jsonl`: `event(kind, **fields)` appends {"time", "event": kind, **fields}."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(Path(run_dir) / EVENTS_FILE)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.write({"time": time.time(), "event": kind, **fields})
+
+
+def write_ready(run_dir: Path, **info: Any) -> Path:
+    """`ready.json` with `info` plus the process id and the time, written atomically."""
+    path = Path(run_dir) / READY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{READY_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**info, "pid": os.getpid(), "time": time.time()}, indent=2))
+    tmp.replace(path)
+    return path
+
+
+def read_ready(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / READY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_ready(run_dir: Path, *, timeout_s: float, alive: Callable[[], bool] = lambda: True,
+               poll_s: float = 0.2) -> dict[str, Any] | None:
+    """The peer's ready file once it exists; None when `alive()` turns False or time runs out."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        found = read_ready(run_dir)
+        if found is not None:
+            return found
+        if not alive():
+            return read_ready(run_dir)
+        time.sleep(poll_s)
+    return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete record of a JSONL file (missing file: none; a line cut short: skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written, or cut short by a kill
+    return records
