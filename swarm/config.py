@@ -388,23 +388,18 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a table of settings, not {type(data).__name__}")
     model = CONFIGS[role]
-    # top-level keys are shared: keep those this role knows (a [sampler]-only key at the top of a
-    # learner's file is the sampler's business), but refuse keys no role knows (typos)
-    every_role = set().union(*(field_names(m) for m in CONFIGS.values()))  # noqa: C417
+    # top-level keys are shared by every role that reads the file: each must be one of this role's
     values = {k: v for k, v in data.items() if k not in ROLES}
-    unknown = sorted(k for k in values if k not in every_role)
-    values = {k: v for k, v in values.items() if k in field_names(model)}
     section = data.get(role, {})
     if not isinstance(section, dict):
         raise ValueError(f"config file {path}: [{role}] must be a table of settings")
-    unknown += sorted(k for k in section if k not in field_names(model))
     values.update(section)
-    canonical = {alias: name for name in model.model_fields for alias in field_names_of(model, name)}
-    values = {canonical.get(k, k): v for k, v in values.items()}  # `lr` at the top, `learning_rate` in [learner]: the table wins
+    unknown = sorted(k for k in values if k not in field_names(model))
     if unknown:
         raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
                          f"known: {', '.join(sorted(model.model_fields))}")
-    return values
+    canonical = {alias: name for name in model.model_fields for alias in field_names_of(model, name)}
+    return {canonical.get(k, k): v for k, v in values.items()}  # `lr` at the top, `learning_rate` in [learner]: the table wins
 
 
 def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:

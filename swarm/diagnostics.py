@@ -23,7 +23,7 @@ import torch
 LOG_RATIO_CLAMP = 20.0  # as in the losses: exp stays finite for long sequences
 
 
-def _weights(learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def importance_weights(learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-completion weights of one group (tensors [G, T]; mask 1 on completion tokens)."""
     p_seq = (learner_lp * mask).sum(-1).double()
     q_seq = (sampler_lp * mask).sum(-1).double()
@@ -75,7 +75,7 @@ def expected_advantage_errors(model, backend, scorer, groups: Sequence, problems
                 continue
             truth = sum((r - mean) / std for r in fresh) / len(fresh)
             advantages = torch.tensor([(r - mean) / std for r in group.rewards], dtype=torch.float64)
-            for name, w in _weights(learner[rows], sampler[rows], mask[rows]).items():
+            for name, w in importance_weights(learner[rows], sampler[rows], mask[rows]).items():
                 errors[name].append(abs(float((w * advantages).mean()) - truth))
     out = {f"adv_err_{k}": (sum(v) / len(v) if v else float("nan")) for k, v in errors.items()}
     out["adv_groups"] = float(len(errors["gepo"]))

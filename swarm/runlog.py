@@ -87,16 +87,18 @@ def read_ready(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def wait_ready(run_dir: Path, *, timeout_s: float, alive: Callable[[], bool] = lambda: True,
+def wait_ready(run_dir: Path, *, timeout_s: float, alive: Callable[[], bool] = lambda: True, pid: int | None = None,
                poll_s: float = 0.2) -> dict[str, Any] | None:
-    """The peer's ready file once it exists; None when `alive()` turns False or time runs out."""
+    """The peer's ready file once it exists (written by process `pid`, when given: a restarted
+    peer's run directory still holds its predecessor's); None when `alive()` turns False first or
+    time runs out."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         found = read_ready(run_dir)
-        if found is not None:
+        if found is not None and (pid is None or found.get("pid") == pid):
             return found
         if not alive():
-            return read_ready(run_dir)
+            return None
         time.sleep(poll_s)
     return None
 

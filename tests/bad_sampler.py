@@ -28,16 +28,14 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    from peers.common import decode_learner_key, join
-    from swarm.config import SamplerConfig
+    from swarm.fabric.identity import decode_learner_key
+    from swarm.fabric.transports import join
     from swarm.model.loading import load_policy
     from swarm.tasks.synthetic import ArithmeticTask
 
-    config = SamplerConfig(peers=[args.peers], learner_keys=[args.learner_key], identity_dir=args.identity_dir,
-                           run_id=args.run_id)
     _, tokenizer = load_policy("embedded")
     problems = ArithmeticTask(2).problems("train")
-    fabric = join(config, "sampler")
+    fabric = join("hivemind", run_id=args.run_id, peers=[args.peers], role="sampler", identity_dir=Path(args.identity_dir))
     sender = fabric.rollout_sender()
     out = Path(args.out).open("w")
     try:
@@ -50,6 +48,7 @@ def main() -> None:
         if ann is None:
             raise SystemExit("bad sampler: no learner announcement within 60 s")
         print(f"bad sampler {fabric.peer_id} found learner {ann.peer_id}", flush=True)
+        out.write(json.dumps({"peer_id": fabric.peer_id}) + "\n")  # who we are, for the test to look up
         for i in range(args.rounds):
             ann = fabric.latest_announced([decode_learner_key(args.learner_key)]) or ann
             try:

@@ -1,4 +1,4 @@
-"""The `swarm` command: fast help without torch, eval end to end, clear errors with exit 1."""
+"""The `swarm` command: fast help without torch, eval end to end, usage errors with exit 2."""
 
 import json
 import os
@@ -7,6 +7,9 @@ import sys
 import time
 
 import pytest
+import yaml
+
+from swarm.runlog import read_jsonl
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
@@ -32,7 +35,7 @@ def test_help_is_fast_and_imports_no_torch():
 
 
 def test_eval_embedded_default_json():
-    out = run("eval", "--limit", "20", "-k", "2", "--json")
+    out = run("eval", "--eval-problems", "20", "--eval-samples", "2", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["num_problems"] == 20 and result["samples_per_problem"] == 2
@@ -46,7 +49,7 @@ def test_eval_table_on_a_local_dataset(tmp_path):
     path = tmp_path / "sums.jsonl"
     path.write_text("\n".join(json.dumps({"q": f"Compute {i}+1. Answer in \\boxed{{}}.\n", "a": str(i + 1)}) for i in range(30)))
     out = run("eval", "--task", str(path), "--question-column", "q", "--answer-column", "a", "--split", "train",
-              "--limit", "5", "-k", "1", "--no-greedy")
+              "--limit", "5", "--samples", "1", "--no-greedy")
     assert out.returncode == 0, out.stderr
     assert "pass@1" in out.stdout and "sums" in out.stdout
 
@@ -57,13 +60,13 @@ def test_eval_table_on_a_local_dataset(tmp_path):
         (["eval", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
         (["eval", "--model", "./missing-model"], "missing-model does not exist"),
         (["eval", "--task", "gsm8k"], "unknown task 'gsm8k'"),
-        (["eval", "--samples", "0"], "Invalid value for '-k' / '--samples'"),
+        (["eval", "--samples", "0"], "--eval-samples: Input should be greater than or equal to 1"),
         (["eval", "--backend", "tgi"], "Invalid value for '--backend'"),
     ],
 )
-def test_bad_input_names_itself_and_exits_nonzero(args, message):
+def test_bad_input_names_itself_and_exits_2(args, message):
     out = run(*args, timeout=120)
-    assert out.returncode != 0
+    assert out.returncode == 2, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -84,18 +87,27 @@ def peer_processes_of(run_dir) -> list:
 
 def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     run_dir = tmp_path / "demo"
-    out = run("demo", "--steps", "3", "--prompts-per-step", "4", "--group-size", "4", "--run-dir", str(run_dir), timeout=600)
+    out = run("demo", "--steps", "3", "--groups-per-step", "4", "--num-generations", "4", "--eval-problems", "20",
+              "--run-dir", str(run_dir), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "before" in out.stdout and "after" in out.stdout and "version 0 -> 3" in out.stdout
     steps = [json.loads(line) for line in (run_dir / "learner" / "steps.jsonl").read_text().splitlines()]
     assert [int(s["version"]) for s in steps] == [1, 2, 3]
     assert {p.name for p in (run_dir / "logs").iterdir()} == {"bootstrap.log", "learner.log", "sampler-0.log", "sampler-1.log"}
+    # every peer got the demo's settings through swarm.yaml
+    learner_config = yaml.safe_load((run_dir / "learner" / "config.yaml").read_text())
+    assert (learner_config["steps"], learner_config["groups_per_step"]) == (3, 4)
+    sampler_config = yaml.safe_load((run_dir / "sampler-0" / "config.yaml").read_text())
+    assert sampler_config["num_generations"] == 4
+    sent = [e for e in read_jsonl(run_dir / "sampler-0" / "events.jsonl") if e["event"] == "sent"]
+    assert sent and {e["groups"] for e in sent} == {sampler_config["prompts_per_round"]}
+    # the final checkpoint is the policy the "after" column measured: evaluating it again gives the same numbers
     final = run_dir / "learner" / "checkpoints" / "version-000003"
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    assert AutoModelForCausalLM.from_pretrained(final) is not None and AutoTokenizer.from_pretrained(final) is not None
     evals = json.loads((run_dir / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 3]
+    again = run("eval", "--model", str(final), "--eval-problems", "20", "--json")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(again.stdout)["pass_at_1"] == evals[1]["pass_at_1"]
     assert (run_dir / "training.png").stat().st_size > 10_000
     assert peer_processes_of(run_dir) == []  # nothing left behind
 
@@ -105,7 +117,8 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
 
     run_dir = tmp_path / "demo"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--prompts-per-step", "2", "--group-size", "2", "--run-dir", str(run_dir)],
+    demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--groups-per-step", "2", "--num-generations", "2",
+                             "--eval-problems", "20", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     steps = run_dir / "learner" / "steps.jsonl"
     deadline = time.time() + 300
@@ -122,28 +135,33 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
 
 def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):
     run_dir = tmp_path / "demo"
-    out = run("demo", "--in-process", "--steps", "2", "--prompts-per-step", "4", "--group-size", "2", "--delay", "fixed:1",
-              "--run-dir", str(run_dir))
+    out = run("demo", "--in-process", "--steps", "2", "--groups-per-step", "4", "--num-generations", "2", "--delay", "fixed:1",
+              "--eval-problems", "20", "--run-dir", str(run_dir))
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout and str(run_dir) in out.stdout
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == [1, 2]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["learning_rate"] > 0 for s in steps)
     assert steps[1]["staleness_max"] == 1.0  # the second step trained on version-0 rollouts
     evals = json.loads((run_dir / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2]
     assert (run_dir / "training.png").stat().st_size > 10_000
-    assert json.loads((run_dir / "config.json").read_text())["loss"]["name"] == "gepo"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["loss"]["name"] == "gepo"
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["demo", "--loss", "ppo"], "unknown loss 'ppo'; choose one of"),
+        (["demo", "--loss", "ppo"], "'ppo' is not one of 'gepo', 'grpo'"),
         (["demo", "--delay", "poisson:3"], "bad delay distribution 'poisson:3'"),
-        (["demo", "--steps", "0"], "Invalid value for '--steps'"),
+        (["demo", "--steps", "0"], "--steps: Input should be greater than or equal to 1"),
         (["demo", "--pickup-delay", "lognormal:5"], "bad pickup delay 'lognormal:5'"),
+        (["learner", "--peers", "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ", "--learning-rate", "0"],
+         "--learning-rate: Input should be greater than 0"),
+        (["sampler", "--transport", "carrier-pigeon"], "Invalid value for '--transport'"),
+        (["bootstrap", "--transport", "grpc", "--peers", "/ip4/127.0.0.1/tcp/9"], "a gRPC registry joins no other peers"),
+        (["learner", "--config", "missing.toml"], "config file missing.toml does not exist"),
     ],
 )
-def test_demo_bad_options_name_themselves(args, message):
+def test_usage_errors_name_themselves_and_exit_2(args, message):
     out = run(*args, timeout=120)
-    assert out.returncode != 0 and message in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]

@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from swarm.fabric.dht import JoinError, start_dht
+from swarm.fabric.dht import start_dht
 from swarm.fabric.identity import load_or_create_signing_key
-from swarm.fabric.records import MembershipPublisher, list_members, members_key
+from swarm.fabric.interface import JoinError
+from swarm.fabric.records import Heartbeat, MembershipPublisher, list_members, members_key
+from swarm.runlog import read_jsonl
 
 RUN = "test-run"
 
@@ -50,8 +52,8 @@ def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tm
     b, sign_b = nodes(initial_peers=maddrs(a))  # joins through a non-bootstrap peer
     pub_a = MembershipPublisher(a, RUN, sign_a.local_public_key, heartbeat_s=1.0, expiry_heartbeats=3)
     pub_b = MembershipPublisher(b, RUN, sign_b.local_public_key, heartbeat_s=1.0, expiry_heartbeats=3)
-    assert pub_a.heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5)
-    assert pub_b.heartbeat(role="learner", model="embedded", version=5)
+    assert pub_a.heartbeat(Heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5))
+    assert pub_b.heartbeat(Heartbeat(role="learner", model="embedded", version=5))
 
     def roles():
         return {(m.record.role, m.record.version, m.record.peer_id) for m in list_members(boot, RUN)}
@@ -64,7 +66,7 @@ def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tm
     a.shutdown()
     deadline = time.time() + 15
     while time.time() < deadline and len(roles()) != 1:
-        pub_b.heartbeat(role="learner", model="embedded", version=6)
+        pub_b.heartbeat(Heartbeat(role="learner", model="embedded", version=6))
         time.sleep(1.0)
     assert roles() == {("learner", 6, b.peer_id.to_base58())}
 
@@ -75,7 +77,7 @@ def test_forged_and_malformed_records_are_refused(nodes):
     boot, _ = nodes()
     honest, sign_h = nodes(initial_peers=maddrs(boot))
     attacker, sign_x = nodes(initial_peers=maddrs(boot))
-    assert MembershipPublisher(honest, RUN, sign_h.local_public_key).heartbeat(role="sampler", version=1)
+    assert MembershipPublisher(honest, RUN, sign_h.local_public_key).heartbeat(Heartbeat(role="sampler", version=1))
     expiry = get_dht_time() + 30
     good = dict(role="learner", peer_id="x", model="", model_hash="", version=99, rollouts=0, tokens_per_s=0.0,
                 software="0", time=float(get_dht_time()))
@@ -99,22 +101,19 @@ def test_unreachable_bootstrap_fails_fast_with_a_clear_error():
         start_dht(RUN, initial_peers=["127.0.0.1:31337"])
 
 
-def start_bootstrap_process(identity, port=0):
+def start_bootstrap_process(identity, run_dir, port=0):
+    """A `swarm bootstrap` process; its address comes from the ready.json it writes."""
+    from swarm.runlog import wait_ready
+
     cmd = [sys.executable, "-m", "swarm.cli", "bootstrap", "--host", "127.0.0.1", "--port", str(port),
-           "--identity", str(identity), "--run-id", RUN, "--status-every", "1"]
+           "--identity", str(identity), "--run-id", RUN, "--status-every-s", "1", "--run-dir", str(run_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    lines, deadline = [], time.time() + 60
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        match = re.search(r"--peers (\S+)", line)
-        if match:
-            return proc, match.group(1), lines
-    proc.kill()
-    raise AssertionError("bootstrap node printed no address:\n" + "".join(lines))
+    ready = wait_ready(run_dir, timeout_s=60, alive=lambda: proc.poll() is None, pid=proc.pid)
+    if ready is None:
+        proc.kill()
+        raise AssertionError("bootstrap node wrote no ready.json:\n" + proc.communicate()[0])
+    return proc, ready["addresses"][0]
 
 
 def stop(proc):
@@ -128,21 +127,21 @@ def stop(proc):
 
 def test_bootstrap_process_serves_joins_and_keeps_its_peer_id_across_restarts(nodes, tmp_path):
     identity = tmp_path / "boot.p2p.key"
-    proc, addr, _ = start_bootstrap_process(identity)
+    proc, addr = start_bootstrap_process(identity, tmp_path / "boot")
     try:
         peer_id = addr.rsplit("/p2p/", 1)[1]
         dht, validator = nodes(initial_peers=[addr])
-        assert MembershipPublisher(dht, RUN, validator.local_public_key).heartbeat(role="sampler", version=2)
-        line = ""
-        deadline = time.time() + 20
-        while time.time() < deadline and "1 sampler(s)" not in line:
-            line = proc.stdout.readline()
-        assert "1 sampler(s)" in line  # its status line counts the member
+        assert MembershipPublisher(dht, RUN, validator.local_public_key).heartbeat(Heartbeat(role="sampler", version=2))
+
+        def counted():
+            return [e for e in read_jsonl(tmp_path / "boot" / "events.jsonl") if e["event"] == "status" and e["samplers"] == 1]
+
+        assert wait_for(counted, timeout=20)  # its status record counts the member
     finally:
         stop(proc)
     assert proc.returncode == 0
     port = int(re.search(r"/tcp/(\d+)/", addr).group(1))
-    proc2, addr2, _ = start_bootstrap_process(identity, port=port)
+    proc2, addr2 = start_bootstrap_process(identity, tmp_path / "boot-again", port=port)
     try:
         assert addr2.rsplit("/p2p/", 1)[1] == peer_id
         assert addr2 == addr

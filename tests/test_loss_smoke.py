@@ -66,7 +66,7 @@ def test_learner_core_steps_on_generated_rollouts_and_counts_staleness():
                               version=0, sampler_id="test")
     assert [g.problem_id for g in groups] == [p.problem_id for p in problems]
     assert all(len(g.rewards) == 4 and all(r in (0.0, 1.0) for r in g.rewards) for g in groups)
-    learner = LearnerCore(model, tokenizer.pad_token_id, lr=1e-3, micro_batch_groups=3, version=3)
+    learner = LearnerCore(model, tokenizer.pad_token_id, learning_rate=1e-3, micro_batch_groups=3, version=3)
     before = [p.detach().clone() for p in model.parameters()]
     metrics = learner.step(groups)
     assert learner.version == 4

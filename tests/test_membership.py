@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from swarm.fabric.records import Heartbeat
+
 
 def wait_for(predicate, timeout=20.0):
     deadline = time.time() + timeout
@@ -18,8 +20,8 @@ def wait_for(predicate, timeout=20.0):
 
 def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
     a, b, observer = make_fabric(), make_fabric(), make_fabric()
-    assert a.heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5)
-    assert b.heartbeat(role="learner", model="embedded", version=5)
+    assert a.heartbeat(Heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5))
+    assert b.heartbeat(Heartbeat(role="learner", model="embedded", version=5))
 
     def listed():
         return {(m.record.role, m.record.version, m.record.peer_id) for m in observer.members()}
@@ -30,7 +32,7 @@ def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
     a.shutdown()  # a stops heartbeating; b goes on: within a few heartbeats only b is listed
     deadline = time.time() + 15
     while time.time() < deadline and len(listed()) != 1:
-        b.heartbeat(role="learner", model="embedded", version=6)
+        b.heartbeat(Heartbeat(role="learner", model="embedded", version=6))
         time.sleep(1.0)
     assert listed() == {("learner", 6, b.peer_id)}
 
@@ -57,7 +59,7 @@ def write_as(attacker, owner_key: bytes, owner_peer_id: str, value: dict) -> boo
 
 def test_forged_and_malformed_records_are_refused(make_fabric):
     honest, attacker, observer = make_fabric(), make_fabric(), make_fabric()
-    assert honest.heartbeat(role="sampler", version=1)
+    assert honest.heartbeat(Heartbeat(role="sampler", version=1))
     assert wait_for(lambda: len(observer.members()) == 1)
     # another peer's record: hivemind checks the signature against the key in the subkey, the
     # registry the token it gave the owner
@@ -72,7 +74,7 @@ def test_forged_and_malformed_records_are_refused(make_fabric):
 def test_unreachable_registry_fails_fast_with_a_clear_error():
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarm.fabric.dht import JoinError
+    from swarm.fabric.interface import JoinError
     from swarm.fabric.grpc_peer import GrpcFabric
 
     started = time.time()

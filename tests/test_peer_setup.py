@@ -9,12 +9,13 @@ import sys
 import pytest
 import torch
 
-from peers.learner import prepare_run_dir, staleness_histogram
-from peers.sampler import usable_version
+from peers.learner import prepare_run_dir
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state, save_checkpoint
 from swarm.config import LearnerConfig, SamplerConfig, read_config_file, resolve, write_config
 from swarm.fabric.bans import PeerBans
+from swarm.fabric.follower import usable_version
 from swarm.staleness import SecondsDelay
+from swarm.training import staleness_histogram
 
 PEER = "/ip4/127.0.0.1/tcp/31337/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
 KEY = "W293bmVyOnNzaC1yc2EgQUFBQV0="
@@ -29,7 +30,7 @@ def test_config_file_sections_and_command_line_precedence(tmp_path, suffix, text
     path = tmp_path / f"swarm{suffix}"
     path.write_text(text)
     learner = resolve("learner", path, {"steps": 9})
-    assert (learner.run_id, learner.peers, learner.lr, learner.steps) == ("r1", [PEER], 2e-5, 9)  # [learner] over top level, CLI over file
+    assert (learner.run_id, learner.peers, learner.learning_rate, learner.steps) == ("r1", [PEER], 2e-5, 9)  # [learner] over top level, CLI over file
     assert learner.groups_per_step == LearnerConfig.model_fields["groups_per_step"].default
     with pytest.raises(ValueError, match="unknown setting"):
         read_config_file(path, "sampler")  # the top-level lr is not a sampler setting
@@ -44,7 +45,7 @@ def test_written_config_reads_back_identically(tmp_path):
 @pytest.mark.parametrize("values, message", [
     ({}, "no --peers given"),
     ({"peers": ["not-an-address"]}, "is not a multiaddr"),
-    ({"peers": [PEER], "loss": "ppo"}, "unknown loss 'ppo'"),
+    ({"peers": [PEER], "loss": "ppo"}, "Input should be 'gepo', 'grpo'"),
     ({"peers": [PEER], "lr": 0}, "greater than 0"),
 ])
 def test_bad_learner_settings_are_named(values, message):

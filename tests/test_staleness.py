@@ -64,13 +64,13 @@ def test_advantage_estimators_weights_by_hand():
 
     import torch
 
-    from swarm.diagnostics import _weights
+    from swarm.diagnostics import importance_weights
 
     # two completions of two tokens; log-probs chosen so sequence probabilities are simple
     learner = torch.log(torch.tensor([[0.5, 0.5], [0.5, 1.0]]))
     sampler = torch.log(torch.tensor([[0.5, 1.0], [0.25, 1.0]]))
     mask = torch.ones(2, 2)
-    w = _weights(learner, sampler, mask)
+    w = importance_weights(learner, sampler, mask)
     p, q = torch.tensor([0.25, 0.5]), torch.tensor([0.5, 0.25])
     eq_q = (q**2).sum() / q.sum()  # the group's estimate of E_q[q]
     assert torch.allclose(w["gepo"], (p / eq_q).double())
@@ -104,15 +104,18 @@ def test_advantage_error_is_the_same_for_every_ratio_on_fresh_rollouts():
     scorer.close()
     assert out["adv_groups"] >= 3  # some groups have mixed rewards
     assert math.isclose(out["adv_err_seq"], out["adv_err_token"], rel_tol=1e-3, abs_tol=1e-4)
-    assert 0 <= out["adv_err_gepo"] < 10
+    # GEPO's weight p / E_q[q] is not 1 even on-policy (biased by design, paper Theorem 2), so its
+    # estimate, and with it its error, differs from the ratio-1 estimators'
+    assert math.isfinite(out["adv_err_gepo"]) and abs(out["adv_err_gepo"] - out["adv_err_seq"]) > 1e-6
 
 
 def test_every_staleness_level_sees_the_same_prompts_as_online_training():
-    from swarm.local_training import LocalRunConfig, run_local
+    from peers.trainer import run_trainer
+    from swarm.config import TrainerConfig
 
-    tiny = dict(steps=4, prompts_per_step=2, group_size=2, eval_every=4, eval_problems=2, seed=3)
-    online = run_local(LocalRunConfig(delay="none", **tiny))["history"]
-    stale = run_local(LocalRunConfig(delay="uniform:2", **tiny))["history"]
+    tiny = dict(steps=4, groups_per_step=2, num_generations=2, eval_every=4, eval_problems=2, seed=3)
+    online = run_trainer(TrainerConfig(delay="none", **tiny))["history"]
+    stale = run_trainer(TrainerConfig(delay="uniform:2", **tiny))["history"]
     assert 0 < max(h["staleness_max"] for h in stale) <= 2
     # Delays come from their own random stream: the prompt sequence does not depend on them, and the
     # first step (where every version is 0) trains on exactly the same rollouts.

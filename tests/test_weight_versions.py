@@ -1,13 +1,16 @@
 """Policy versions over both transports (real hivemind swarms, real gRPC servers and registry):
-4 receivers (one joining late) rebuild 10 versions bit for bit, relaying to each other; a tampered
-delta is detected and fetched again from another holder; announcements by keys that are not the
-run's learners are ignored, and nobody can announce under a learner's key."""
+4 receivers (one joining late) rebuild 10 versions bit for bit, fetching from each other through
+the product's `fetch_from_holders`; a tampered delta is detected and the same call falls back to
+the next holder; announcements by keys that are not the run's learners are ignored, and nobody can
+announce under a learner's key. (Which holders a sampler asks is `holders_for`'s decision: today
+the announcing learner only; here the tests name holders, as a relaying policy would.)"""
 
 import random
 
 import pytest
 import torch
 
+from swarm.fabric.follower import fetch_from_holders
 from swarm.fabric.versions import VersionStore
 from swarm.fabric.weight_delta import CorruptVersion, state_hash
 
@@ -46,15 +49,18 @@ def peers(make_fabric):
     return make
 
 
-def sync(receiver, learner_keys, holders, rng):
-    """What a sampler does: read the newest authorised announcement, fetch from a holder."""
+def sync(receiver, learner_keys, learner, others, rng):
+    """Read the newest authorised announcement and fetch it: from a peer that already holds it when
+    there is one, the learner after it."""
     ann = receiver.fabric.latest_announced(learner_keys)
     if ann is None or receiver.store.latest == ann.version:
         return None
-    candidates = [h for h in holders if h.store.latest is not None and h.store.latest >= ann.version and h is not receiver]
-    holder = rng.choice(candidates)
-    receiver.client.fetch(holder.fabric.peer_id, ann.version, ann.hash, receiver.store)
-    return holder
+    holding = [h for h in others if h.store.latest is not None and h.store.latest >= ann.version and h is not receiver]
+    holders = ([rng.choice(holding).fabric.peer_id] if holding else []) + [ann.peer_id]
+    result = fetch_from_holders(receiver.client, holders, ann.version, ann.hash, receiver.store,
+                                receiver.fabric.unreachable_errors())
+    assert result.version == ann.version and result.bytes > 0 and receiver.store.hashes[ann.version] == ann.hash
+    return result.holder
 
 
 def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
@@ -63,7 +69,7 @@ def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
 
     value = VersionAnnouncement(version=version, hash="0" * 64, peer_id=volunteer.fabric.peer_id, time=0.0).dict()
     if volunteer.fabric.transport == "grpc":
-        from swarm.fabric.grpc_transport import pack
+        from swarm.fabric.grpc_common import pack
 
         payload = pack(value)
         return volunteer.fabric._call("Announce", {"run_id": volunteer.fabric.run_id, "owner": learner_key, "payload": payload,
@@ -90,8 +96,8 @@ def test_four_receivers_rebuild_ten_versions_bit_for_bit_with_relay(peers):
             late = peers()  # joins late
             receivers.append(late)
         for receiver in receivers:
-            holder = sync(receiver, keys, [learner, *receivers], rng)
-            served_by_receivers += holder is not None and holder is not learner
+            holder = sync(receiver, keys, learner, receivers, rng)
+            served_by_receivers += holder is not None and holder != learner.fabric.peer_id
     assert served_by_receivers > 0  # receivers relayed versions to each other
     expected = learner.store.states[10]
     for receiver in receivers:
@@ -113,10 +119,13 @@ def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers)
     corrupt[len(corrupt) // 3] ^= 0x55
     liar.store.deltas[2] = bytes(corrupt)
     digest = learner.store.hashes[2]
+    unreachable = receiver.fabric.unreachable_errors()
     with pytest.raises(CorruptVersion):
-        receiver.client.fetch(liar.fabric.peer_id, 2, digest, receiver.store)
+        fetch_from_holders(receiver.client, [liar.fabric.peer_id], 2, digest, receiver.store, unreachable)
     assert receiver.store.latest == 1  # nothing from the corrupt transfer was kept
-    receiver.client.fetch(learner.fabric.peer_id, 2, digest, receiver.store)
+    result = fetch_from_holders(receiver.client, [liar.fabric.peer_id, learner.fabric.peer_id], 2, digest, receiver.store,
+                                unreachable)
+    assert result.holder == learner.fabric.peer_id and result.kinds == ["delta"]  # the liar was skipped
     assert receiver.store.hashes[2] == digest
 
 

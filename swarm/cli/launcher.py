@@ -72,7 +72,7 @@ class LocalSwarm:
 
     def wait_ready(self, proc: Proc, timeout: float = 120.0) -> dict:
         """The peer's ready.json; raises RuntimeError with the end of its log if it never comes."""
-        found = wait_ready(proc.run_dir, timeout_s=timeout, alive=lambda: proc.popen.poll() is None)
+        found = wait_ready(proc.run_dir, timeout_s=timeout, alive=lambda: proc.popen.poll() is None, pid=proc.popen.pid)
         if found is None:
             raise RuntimeError(f"{proc.name} did not get ready (exit status {proc.popen.poll()}); "
                                f"its log {proc.log} ends with:\n{proc.text()[-2000:]}")

@@ -116,13 +116,13 @@ class GrpcRolloutSender:
     def __init__(self, channels: _Channels, own_address: str, *, timeout_s: float = 60.0) -> None:
         self._channels, self._own, self.timeout_s = channels, own_address, timeout_s
 
-    def send(self, learner_address: str, groups) -> list[dict]:
+    def send(self, learner_peer: str, groups) -> list[dict]:
         from swarm.fabric.wire import encode_group
 
-        return self.send_frames(learner_address, [encode_group(g) for g in groups])
+        return self.send_frames(learner_peer, [encode_group(g) for g in groups])
 
-    def send_frames(self, learner_address: str, frames: Sequence[bytes]) -> list[dict]:
-        call = self._channels.get(learner_address).stream_stream(f"/{SERVICE}.Peer/Rollouts", request_serializer=None,
+    def send_frames(self, learner_peer: str, frames: Sequence[bytes]) -> list[dict]:
+        call = self._channels.get(learner_peer).stream_stream(f"/{SERVICE}.Peer/Rollouts", request_serializer=None,
                                                                  response_deserializer=unpack)
         return list(call(iter(list(frames)), timeout=self.timeout_s, metadata=((PEER_HEADER, self._own),)))
 
@@ -158,16 +158,16 @@ class GrpcWeightClient(RebuildingClient):
     def __init__(self, channels: _Channels, *, timeout_s: float = 120.0) -> None:
         self._channels, self.timeout_s = channels, timeout_s
 
-    def _payloads(self, holder_address: str, have: int | None, want: int) -> list[bytes]:
-        call = self._channels.get(holder_address).unary_stream(f"/{SERVICE}.Peer/Weights", request_serializer=pack,
+    def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
+        call = self._channels.get(holder).unary_stream(f"/{SERVICE}.Peer/Weights", request_serializer=pack,
                                                                response_deserializer=None)
         messages = call({"have": have, "want": want}, timeout=self.timeout_s)
         header = unpack(next(messages))
         if not header.get("ok"):
-            raise KeyError(f"holder {holder_address} cannot serve version {want}: {header.get('reason')}")
+            raise KeyError(f"holder {holder} cannot serve version {want}: {header.get('reason')}")
         payloads = []
         for size in header["sizes"]:
-            check_payload_size(size, holder_address)
+            check_payload_size(size, holder)
             parts, got = [], 0
             while got < size:
                 chunk = next(messages)  # StopIteration (a cut stream) is an incomplete transfer
@@ -186,7 +186,7 @@ class GrpcFabric:
     def __init__(self, registry: str, run_id: str, signing_key, *, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_s: float = 5.0, expiry_heartbeats: float = 3.0, serve: bool = True, timeout_s: float = 10.0) -> None:
         self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
-        self.heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
+        self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
         self.channels = _Channels()
         self.server = GrpcPeerServer(host, port) if serve else None
         self._token = ""
@@ -214,6 +214,10 @@ class GrpcFabric:
     @property
     def public_key(self) -> bytes:
         return owner_key(self.signing_key)
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self._heartbeat_s
 
     def addresses(self) -> list[str]:
         return [self.registry]  # over gRPC, peers join through the registry

@@ -194,12 +194,12 @@ class RolloutSender:
         self.timeout_s = timeout_s
         self._client = StreamClient(dht, handler_name(run_id), thread_name="rollout-sender")
 
-    def send(self, learner_peer_id, groups: Sequence[RolloutGroup]) -> list[dict]:
-        return self._client.run(self._send([encode_group(g) for g in groups], learner_peer_id), timeout=self.timeout_s)
+    def send(self, learner_peer: str, groups: Sequence[RolloutGroup]) -> list[dict]:
+        return self._client.run(self._send([encode_group(g) for g in groups], learner_peer), timeout=self.timeout_s)
 
-    def send_frames(self, learner_peer_id, frames: Sequence[bytes]) -> list[dict]:
+    def send_frames(self, learner_peer: str, frames: Sequence[bytes]) -> list[dict]:
         """Raw frames (tests use this to send malformed data)."""
-        return self._client.run(self._send(list(frames), learner_peer_id), timeout=self.timeout_s)
+        return self._client.run(self._send(list(frames), learner_peer), timeout=self.timeout_s)
 
     async def _send(self, frames: list[bytes], peer_id) -> list[dict]:
         from hivemind.p2p import P2P

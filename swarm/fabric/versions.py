@@ -193,17 +193,17 @@ class RebuildingClient:
     """Fetches a version from a holder and rebuilds it against what this peer already holds;
     transports supply `_payloads(holder, have, want)`."""
 
-    def _payloads(self, holder_peer_id, have: int | None, want: int) -> list[bytes]:
+    def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
 
-    def fetch(self, holder_peer_id, want: int, want_hash: str, store: VersionStore) -> FetchResult:
-        """Version `want` from `holder_peer_id`, added to `store`. Raises CorruptVersion (nothing is
+    def fetch(self, holder, want: int, want_hash: str, store: VersionStore) -> FetchResult:
+        """Version `want` from `holder`, added to `store`. Raises CorruptVersion (nothing is
         added) when what arrives does not rebuild `want_hash`."""
         started = time.time()
         with store.lock:
             have = store.latest if store.latest is not None and store.latest < want else None
             base = store.states[have] if have is not None else None
-        payloads = self._payloads(holder_peer_id, have, want)
+        payloads = self._payloads(holder, have, want)
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
@@ -211,11 +211,11 @@ class RebuildingClient:
             version, state, digest, kind = apply_payload_verified(payload, state)  # raises CorruptVersion on any mismatch
             built.append((version, state, payload, digest, kind))
         if version != want or digest != want_hash:
-            raise CorruptVersion(f"holder {holder_peer_id} sent version {version}, not {want} with the announced hash")
+            raise CorruptVersion(f"holder {holder} sent version {version}, not {want} with the announced hash")
         for v, s, payload, d, kind in built:  # only a fully verified chain is kept
             store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
                       snapshot=payload if kind == "snapshot" else None, owned=True)
-        return FetchResult(version=want, holder=str(holder_peer_id), bytes=sum(len(p) for p in payloads),
+        return FetchResult(version=want, holder=str(holder), bytes=sum(len(p) for p in payloads),
                            kinds=[b[4] for b in built], seconds=time.time() - started, state=state)
 
 
@@ -226,8 +226,8 @@ class WeightClient(RebuildingClient):
         self.timeout_s = timeout_s
         self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
 
-    def _payloads(self, holder_peer_id, have: int | None, want: int) -> list[bytes]:
-        return self._client.run(self._request(holder_peer_id, have, want), timeout=self.timeout_s)
+    def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
+        return self._client.run(self._request(holder, have, want), timeout=self.timeout_s)
 
     async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
         from hivemind.p2p import P2P
