@@ -299,8 +299,10 @@ class BootstrapConfig(Settings):
 
     @model_validator(mode="after")
     def _peers_fit_transport(self):
-        if self.transport == "grpc" and self.peers:
-            raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
+        if self.transport == "grpc":
+            if self.peers:
+                raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
+            return self
         from swarm.fabric.transports import check_peers
 
         check_peers(self.transport, self.peers)
