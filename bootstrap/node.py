@@ -37,9 +37,9 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,
                     peer_id=node.peer_id, addresses=addresses)
         echo(f"bootstrap node for run '{config.run_id}' ({node.transport}), run directory {run_dir}")
-        echo("peers join with" + (" (use this machine's address from elsewhere):" if node.transport == "grpc" else ":"))
+        echo("peers join with (from another machine, use an address of this machine it can reach):")
         for addr in addresses:
-            echo(f"  --transport {node.transport} --peers {addr}" if node.transport == "grpc" else f"  --peers {addr}")
+            echo(f"  --transport {node.transport} --peers {addr}")
         started = time.time()
         while not stop.wait(config.status_every_s):
             members = node.members()

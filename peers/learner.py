@@ -48,7 +48,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.identity import encode_learner_key, identity_dir_or_default
     from swarm.fabric.records import Heartbeat
     from swarm.fabric.transports import join
-    from swarm.fabric.versions import VersionStore
+    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
     from swarm.model.loading import load_policy
     from swarm.runlog import EventLog, StepLog, write_ready
@@ -78,7 +78,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             core.version = newest + 1
         echo(f"resumed from {resume_from.path}")
         events.event("resumed", checkpoint=str(resume_from.path), version=core.version)
-    store = VersionStore(capacity=max(8, min(config.max_staleness, 64) + 1))
+    store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
     server = fabric.weight_server(store)
     inbox = fabric.rollout_inbox(vocab_size=len(tokenizer), max_staleness=config.max_staleness,
                                  # a short queue: backpressure holds samplers back instead of

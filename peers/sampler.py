@@ -26,7 +26,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.identity import decode_learner_key, identity_dir_or_default
     from swarm.fabric.records import Heartbeat
     from swarm.fabric.transports import join
-    from swarm.fabric.versions import VersionStore
+    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.generation import SamplingParams, make_backend
     from swarm.model.loading import resolve_model_dir
     from swarm.rewards import RewardScorer
@@ -53,7 +53,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                   heartbeat_s=config.heartbeat_s)
     simulating = delay.kind != "none" or config.lag_steps > 0
     # holding many versions only matters for latency simulation (versions wait for their pickup time)
-    store = VersionStore(capacity=max(4, config.lag_steps + 2, 64 if simulating else 0))
+    store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))
     server = fabric.weight_server(store)  # any peer may fetch what we hold
     sender = fabric.rollout_sender()
     rng = random.Random(sampler_id)

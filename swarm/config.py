@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -45,6 +45,30 @@ GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend 
 # The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
 # so that option choices and config validation need no torch import.
 LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo")
+
+
+def check_peers(transport: str, peers: Sequence[str]) -> None:
+    """Raise ValueError, saying what to pass instead, when `peers` do not fit `transport`."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORTS)}")
+    for addr in peers:
+        if transport == "hivemind" and not str(addr).startswith("/"):
+            raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
+                             "(or use --transport grpc with the registry's HOST:PORT)")
+        if transport == "grpc" and (str(addr).startswith("/") or ":" not in str(addr)):
+            raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
+                             "as `swarm bootstrap --transport grpc` prints it")
+    if transport == "grpc" and len(peers) != 1:
+        raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+
+
+def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
+    """What a bootstrap node may join: other hivemind nodes; a gRPC registry joins nothing."""
+    if transport == "grpc":
+        if peers:
+            raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
+        return
+    check_peers(transport, peers)
 
 
 def setting(default: Any = ..., *, group: str, help: str = "", aliases: tuple[str, ...] = (), **bounds) -> Any:
@@ -68,6 +92,16 @@ def _aliased(model: type[BaseModel]) -> type[BaseModel]:
             field.validation_alias = AliasChoices(name, *aliases)
     model.model_rebuild(force=True)
     return model
+
+
+def default_of(model: type[BaseModel], name: str) -> Any:
+    """The default of `model`'s field `name`: for code below the configs that needs the same default."""
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
+def same_as(model: type[BaseModel], name: str) -> Any:
+    """The field `name` of `model`, for a config that offers the same setting with the same default."""
+    return copy.copy(model.model_fields[name])
 
 
 class Settings(BaseModel):
@@ -103,14 +137,6 @@ class LossConfig(Settings):
         None, group="loss", gt=0, help="Dr.GRPO's constant normaliser: the samplers' max_completion_length "
                                         "(unset: the batch's padded width)")
 
-    def clip_range(self) -> tuple[float, float]:
-        from swarm.losses import LOSSES
-
-        spec = LOSSES[self.name]
-        low = spec.eps_low if self.epsilon is None else self.epsilon
-        high = spec.eps_high if self.epsilon_high is None else self.epsilon_high
-        return low, high
-
 
 # ---------------------------------------------------------------------------------------------
 # Groups of settings that several roles share
@@ -142,8 +168,6 @@ class SwarmSettings(Settings):
 
     @model_validator(mode="after")
     def _peers_fit_transport(self):
-        from swarm.fabric.transports import check_peers
-
         check_peers(self.transport, self.peers)
         return self
 
@@ -287,11 +311,9 @@ class BootstrapConfig(Settings):
 
     host: str = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")
     port: int = setting(31337, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
-    transport: Literal[TRANSPORTS] = setting("hivemind", group="swarm",  # type: ignore[valid-type]
-                                             help="hivemind (a DHT node), or grpc (the registry of a gRPC swarm)")
+    transport: Literal[TRANSPORTS] = same_as(SwarmSettings, "transport")  # type: ignore[valid-type]
     peers: list[str] = setting(list, group="swarm", help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
-    run_id: str = setting("swarm", group="swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
-                          help="the run whose members the status records count")
+    run_id: str = same_as(SwarmSettings, "run_id")
     identity: Optional[Path] = setting(None, group="swarm", help="libp2p key file: keeps the peer id across restarts "
                                                                  "(unset: ~/.cache/gepo-swarm/identity/bootstrap.p2p.key)")
     run_dir: Optional[Path] = setting(None, group="output", help="ready file and status records (unset: runs/bootstrap-TIME)")
@@ -299,19 +321,8 @@ class BootstrapConfig(Settings):
 
     @model_validator(mode="after")
     def _peers_fit_transport(self):
-        if self.transport == "grpc":
-            if self.peers:
-                raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
-            return self
-        from swarm.fabric.transports import check_peers
-
-        check_peers(self.transport, self.peers)
+        check_bootstrap_peers(self.transport, self.peers)
         return self
-
-
-def same_as(model: type[BaseModel], name: str) -> Any:
-    """The field `name` of `model`, for a config that offers the same setting with the same default."""
-    return copy.copy(model.model_fields[name])
 
 
 class EvalConfig(TaskSettings, EvalSettings):

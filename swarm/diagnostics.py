@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from swarm.config import GenerationSettings, default_of
+
 LOG_RATIO_CLAMP = 20.0  # as in the losses: exp stays finite for long sequences
 
 
@@ -38,7 +40,8 @@ def importance_weights(learner_lp: torch.Tensor, sampler_lp: torch.Tensor, mask:
 
 @torch.no_grad()
 def expected_advantage_errors(model, backend, scorer, groups: Sequence, problems: dict, pad_token_id: int, *,
-                              fresh_samples: int = 16, max_new_tokens: int = 16) -> dict[str, float]:
+                              fresh_samples: int = 16,
+                              max_new_tokens: int = default_of(GenerationSettings, "max_completion_length")) -> dict[str, float]:
     """{"adv_err_gepo", "adv_err_seq", "adv_err_token", "adv_groups"} for `groups` (rollouts of one
     sampling setting) against fresh samples from `model` (the learner's current policy, wrapped by
     `backend`)."""

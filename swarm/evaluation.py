@@ -6,7 +6,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from swarm.config import EvalSettings, GenerationSettings, TaskSettings
+from swarm.config import EvalSettings, GenerationSettings, TaskSettings, default_of
 from swarm.tasks.base import Problem
 
 
@@ -69,13 +69,13 @@ def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: in
 
 def evaluate(
     model: str | None,
-    task_name: str = TaskSettings.model_fields["task"].default,
+    task_name: str = default_of(TaskSettings, "task"),
     *,
     split: str = "test",
-    limit: int | None = EvalSettings.model_fields["eval_problems"].default,
-    samples: int = EvalSettings.model_fields["eval_samples"].default,
-    temperature: float = GenerationSettings.model_fields["temperature"].default,
-    max_completion_length: int = GenerationSettings.model_fields["max_completion_length"].default,
+    limit: int | None = default_of(EvalSettings, "eval_problems"),
+    samples: int = default_of(EvalSettings, "eval_samples"),
+    temperature: float = default_of(GenerationSettings, "temperature"),
+    max_completion_length: int = default_of(GenerationSettings, "max_completion_length"),
     greedy: bool = True,
     backend_name: str = "transformers",
     device: str = "cpu",

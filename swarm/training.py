@@ -12,7 +12,7 @@ import torch
 
 from swarm.advantages import group_advantages
 from swarm.logprobs import completion_logprobs
-from swarm.config import LossConfig, TrainingSettings
+from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.rollouts import RolloutGroup, collate
 
@@ -51,10 +51,10 @@ class LearnerCore:
         pad_token_id: int,
         *,
         loss: LossConfig | None = None,
-        learning_rate: float = TrainingSettings.model_fields["learning_rate"].default,
-        lr_warmup_steps: int = 0,
+        learning_rate: float = default_of(TrainingSettings, "learning_rate"),
+        lr_warmup_steps: int = default_of(TrainingSettings, "lr_warmup_steps"),
         weight_decay: float = 0.0,
-        max_grad_norm: float = TrainingSettings.model_fields["max_grad_norm"].default,
+        max_grad_norm: float = default_of(TrainingSettings, "max_grad_norm"),
         micro_batch_groups: int = 16,
         advantage_mode: str | None = None,
         version: int = 0,

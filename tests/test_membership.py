@@ -79,5 +79,5 @@ def test_unreachable_registry_fails_fast_with_a_clear_error():
 
     started = time.time()
     with pytest.raises(JoinError, match="could not join the swarm through the registry at 127.0.0.1:9"):
-        GrpcFabric("127.0.0.1:9", "membership-test", RSAPrivateKey(), timeout_s=3)
+        GrpcFabric("127.0.0.1:9", "membership-test", RSAPrivateKey(), heartbeat_s=1.0, timeout_s=3)
     assert time.time() - started < 10

@@ -85,28 +85,29 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
 
 
 @pytest.mark.parametrize(
-    "args, message",
+    "args, message, status",
     [
-        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0="], "could not join the swarm through"),
-        (["learner", "--peers", DEAD], "could not join the swarm through"),
-        (["sampler", "--peers", DEAD, "--learner-key", "bm9wZQ=="], "not the token a learner prints"),
-        (["learner", "--peers", DEAD, "--loss", "ppo"], "'ppo' is not one of 'gepo', 'grpo'"),
-        (["learner"], "--peers: no --peers given"),
-        (["status", "--peers", DEAD], "could not join the swarm through"),
-        (["learner", "--peers", DEAD, "--model", "./missing-model"], "model directory ./missing-model does not exist"),
-        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
-        (["learner", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry at 127.0.0.1:9"),
-        (["learner", "--peers", DEAD, "--transport", "grpc"], "with --transport grpc pass the registry's HOST:PORT"),
-        (["status", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry"),
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0="], "could not join the swarm through", 1),
+        (["learner", "--peers", DEAD], "could not join the swarm through", 1),
+        (["sampler", "--peers", DEAD, "--learner-key", "bm9wZQ=="], "not the token a learner prints", 2),
+        (["learner", "--peers", DEAD, "--loss", "ppo"], "'ppo' is not one of 'gepo', 'grpo'", 2),
+        (["learner"], "--peers: no --peers given", 2),
+        (["status", "--peers", DEAD], "could not join the swarm through", 1),
+        (["learner", "--peers", DEAD, "--model", "./missing-model"], "model directory ./missing-model does not exist", 2),
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--task", "nope.jsonl"], "nope.jsonl does not exist", 2),
+        (["learner", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry at 127.0.0.1:9", 1),
+        (["learner", "--peers", DEAD, "--transport", "grpc"], "with --transport grpc pass the registry's HOST:PORT", 2),
+        (["status", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry", 1),
     ],
 )
-def test_bad_addresses_and_options_fail_fast(args, message, tmp_path):
+def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
+    """Bad input is a usage error (exit 2); a swarm that cannot be reached, a failure (exit 1)."""
     started = time.time()
     extra = ["--identity-dir", str(tmp_path)] if args[0] in ("learner", "sampler") and args[1:] else []
-    extra += ["--run-dir", str(tmp_path / "run")] if args[0] == "learner" and args[1:] else []
+    extra += ["--run-dir", str(tmp_path / "run")] if args[0] in ("learner", "sampler") and args[1:] else []
     out = subprocess.run([*SWARM, *args, *extra],
                          capture_output=True, text=True, env=ENV, timeout=120)
-    assert out.returncode != 0
+    assert out.returncode == status, out.stderr[-2000:]
     assert message in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert time.time() - started < 30

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarm.config import SwarmSettings, default_of
 from swarm.runlog import wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -54,7 +55,7 @@ class LocalSwarm:
     run_dir: Path
     run_id: str = "demo"
     threads_per_peer: int = 1
-    transport: str = "hivemind"
+    transport: str = default_of(SwarmSettings, "transport")
     procs: list[Proc] = field(default_factory=list)
 
     def spawn(self, name: str, *args: str, run_dir: Path | None = None) -> Proc:

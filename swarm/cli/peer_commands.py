@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
-from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings
+from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings, default_of
 
 
 def _join_failures() -> tuple[type[BaseException], ...]:
@@ -70,16 +70,17 @@ def sampler_command(config_file, **options):
 
 
 def _swarm_option(name: str, **kwargs):
-    """An option whose help and default come from SwarmSettings (spelled as in learner and sampler)."""
-    field = SwarmSettings.model_fields[name]
-    return click.option(f"--{name.replace('_', '-')}", name, help=field.description, cls=GroupedOption, group="swarm",
-                        show_default=True, **kwargs)
+    """An option spelled, described and defaulted as in learner and sampler (from SwarmSettings)."""
+    default = default_of(SwarmSettings, name)
+    return click.option(f"--{name.replace('_', '-')}", name, help=SwarmSettings.model_fields[name].description,
+                        default=default if default != [] else None, cls=GroupedOption, group="swarm", show_default=True,
+                        **kwargs)
 
 
 @click.command("status", cls=GroupedCommand)
 @_swarm_option("peers", multiple=True, required=True)
-@_swarm_option("run_id", default=SwarmSettings.model_fields["run_id"].default)
-@_swarm_option("transport", default=SwarmSettings.model_fields["transport"].default, type=click.Choice(TRANSPORTS))
+@_swarm_option("run_id")
+@_swarm_option("transport", type=click.Choice(TRANSPORTS))
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print JSON for scripts")
 @click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
               help="refresh every this many seconds")

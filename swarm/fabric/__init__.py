@@ -1,15 +1,25 @@
 """The swarm fabric: how peers find each other, what they announce, and how rollouts and weights
-move between them.
+move between them. One written interface, two transports.
 
-- identity.py          - persistent keys: the libp2p identity (stable peer id / multiaddr), the
-                         RSA key that signs a peer's DHT records.
-- records.py           - membership records under a run id: schema, signing, heartbeat, listing.
-- dht.py               - start a hivemind DHT node with the swarm's record validators.
-- loop.py              - a private asyncio loop per component, and p2p clients bound to it.
-- wire.py              - the rollout-group wire format (msgpack) with bounds and validation.
-- rollout_exchange.py  - samplers stream rollout groups to a learner's inbox (at most once,
-                         with backpressure and per-peer refusal counts).
-- weight_delta.py      - policy versions as bit-exact deltas against the previous version.
-- versions.py          - signed version announcements (learner keys only), a store of held
-                         versions, and serving / fetching them between any holders (relay).
+- interface.py          - the interface every transport implements (`Fabric`, `BootstrapNode`,
+                          inbox, sender, weight server and client) and `JoinError`.
+- transports.py         - the one place a transport is chosen: join, observe, start a bootstrap node.
+- identity.py           - persistent keys: the libp2p identity (stable peer id / multiaddr), the
+                          RSA key that signs a peer's records, learner keys as `--learner-key` text.
+- records.py            - membership records under a run id: schema, signing, heartbeat, listing.
+- wire.py               - the rollout-group wire format (msgpack) with bounds and validation.
+- bans.py               - temporary bans of peers that keep sending bad data.
+- rollout_exchange.py   - a learner's inbox (validation, at-most-once delivery, backpressure,
+                          bans) and the sender, over hivemind p2p streams.
+- weight_delta.py       - policy versions as bit-exact deltas against the previous version.
+- versions.py           - signed version announcements (learner keys only), the store of the
+                          versions a peer holds, serving them and rebuilding fetched ones.
+- follower.py           - a sampler's background fetching of new versions (from which holders,
+                          with fallback) and the latency simulation's choice of version.
+- dht.py, loop.py       - hivemind: a DHT node with the swarm's validators; a private asyncio loop
+                          per component for the p2p streams.
+- hivemind_transport.py - `HivemindFabric` and `HivemindBootstrap`.
+- grpc_common.py, grpc_registry.py, grpc_peer.py - the gRPC fallback: framing and signatures, the
+                          registry (`GrpcBootstrap`), and `GrpcFabric`.
+- local.py              - a whole swarm of fabrics in one process, for tests and benchmarks.
 """

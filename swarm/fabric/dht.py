@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-
 from swarm.fabric.interface import JoinError
 
 

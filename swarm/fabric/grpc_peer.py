@@ -23,7 +23,7 @@ from swarm.fabric.grpc_common import (
     verify_owner_signature,
 )
 from swarm.fabric.interface import JoinError
-from swarm.fabric.records import Heartbeat
+from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat
 from swarm.fabric.rollout_exchange import InboxCore
 from swarm.fabric.versions import Announced, RebuildingClient, check_payload_size, newest_authorised
 
@@ -184,7 +184,8 @@ class GrpcFabric:
     transport = "grpc"
 
     def __init__(self, registry: str, run_id: str, signing_key, *, host: str = "127.0.0.1", port: int = 0,
-                 heartbeat_s: float = 5.0, expiry_heartbeats: float = 3.0, serve: bool = True, timeout_s: float = 10.0) -> None:
+                 heartbeat_s: float, expiry_heartbeats: float = EXPIRY_HEARTBEATS, serve: bool = True,
+                 timeout_s: float = 10.0) -> None:
         self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
         self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
         self.channels = _Channels()

@@ -13,7 +13,7 @@ from swarm.fabric.records import Heartbeat
 class HivemindFabric:
     transport = "hivemind"
 
-    def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float = 5.0) -> None:
+    def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float) -> None:
         from swarm.fabric.records import MembershipPublisher
 
         self.dht, self.validator, self.run_id = dht, validator, run_id

@@ -4,7 +4,8 @@ benchmarks. A real bootstrap node (DHT node or registry) starts first; each peer
 
 from __future__ import annotations
 
-from swarm.fabric.transports import TRANSPORTS, join, start_bootstrap
+from swarm.config import TRANSPORTS
+from swarm.fabric.transports import join, start_bootstrap
 
 
 class LocalFabrics:

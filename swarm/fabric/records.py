@@ -14,9 +14,11 @@ from typing import Dict, Optional
 from pydantic.v1 import BaseModel, StrictFloat, conint, constr
 
 from swarm import __version__
+from swarm.config import SwarmSettings, default_of
 
 ROLES = ("sampler", "learner")
 MAX_RECORD_BYTES = 16 * 1024  # far under hivemind's 2 MiB unary limit
+EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
 
 
 class MemberRecord(BaseModel):
@@ -92,7 +94,8 @@ class Member:
 class MembershipPublisher:
     """Writes this peer's membership record; call `heartbeat()` every `heartbeat_s` seconds."""
 
-    def __init__(self, dht, run_id: str, public_key_subkey: bytes, *, heartbeat_s: float = 10.0, expiry_heartbeats: float = 3.0):
+    def __init__(self, dht, run_id: str, public_key_subkey: bytes, *, heartbeat_s: float = default_of(SwarmSettings, "heartbeat_s"),
+                 expiry_heartbeats: float = EXPIRY_HEARTBEATS):
         self.dht = dht
         self.key = members_key(run_id)
         self.subkey = public_key_subkey

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import msgpack
 
+from swarm.config import TrainingSettings, default_of
 from swarm.fabric.bans import PeerBans
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
@@ -49,7 +50,7 @@ class InboxCore:
     at most once into a bounded queue, count and ban. `get(timeout)` hands groups out, oldest first.
     Transports feed frames to `accept` (asyncio handlers) or `accept_blocking` (threaded servers)."""
 
-    def __init__(self, *, vocab_size: int, max_staleness: int = 64, capacity: int = 256,
+    def __init__(self, *, vocab_size: int, max_staleness: int = default_of(TrainingSettings, "max_staleness"), capacity: int = 256,
                  put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000,
                  bans: PeerBans | None = None) -> None:
         self.vocab_size, self.max_staleness, self.limits = vocab_size, max_staleness, limits

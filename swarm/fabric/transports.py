@@ -4,36 +4,22 @@ peer), an observer (reads the swarm without joining it) or a bootstrap node, by 
 - hivemind: a DHT for records, libp2p streams for rollouts and weights (hivemind_transport.py);
 - grpc: the fallback where libp2p cannot run; a registry for records, gRPC streams between peers
   (grpc_registry.py, grpc_peer.py).
+
+Which addresses fit which transport is checked with the settings (swarm.config.check_peers), so a
+bad --peers is a usage error before anything starts.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-from swarm.config import TRANSPORTS
-
-if TYPE_CHECKING:  # this module must stay importable without torch (config validation uses it)
-    from swarm.fabric.interface import BootstrapNode, Fabric
-
-
-def check_peers(transport: str, peers: Sequence[str]) -> None:
-    """Raise ValueError, saying what to pass instead, when `peers` do not fit `transport`."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORTS)}")
-    for addr in peers:
-        if transport == "hivemind" and not str(addr).startswith("/"):
-            raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
-                             "(or use --transport grpc with the registry's HOST:PORT)")
-        if transport == "grpc" and (str(addr).startswith("/") or ":" not in str(addr)):
-            raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
-                             "as `swarm bootstrap --transport grpc` prints it")
-    if transport == "grpc" and len(peers) != 1:
-        raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+from swarm.config import SwarmSettings, check_bootstrap_peers, check_peers, default_of
+from swarm.fabric.interface import BootstrapNode, Fabric
 
 
 def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identity_dir: Path | None = None,
-         host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = 5.0) -> Fabric:
+         host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = default_of(SwarmSettings, "heartbeat_s")) -> Fabric:
     """Join the swarm as a peer that serves (rollouts, weights) on `host:port`.
 
     identity_dir: where this peer's persistent keys live (a free key slot for `role` is claimed, so
@@ -72,23 +58,21 @@ def observe(transport: str, *, run_id: str, peers: Sequence[str]) -> Fabric:
 
         from swarm.fabric.grpc_peer import GrpcFabric
 
-        return GrpcFabric(peers[0], run_id, RSAPrivateKey(), serve=False)
+        return GrpcFabric(peers[0], run_id, RSAPrivateKey(), serve=False, heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
     from swarm.fabric.dht import start_dht
     from swarm.fabric.hivemind_transport import HivemindFabric
 
-    return HivemindFabric(*start_dht(run_id, initial_peers=list(peers)), run_id)
+    return HivemindFabric(*start_dht(run_id, initial_peers=list(peers)), run_id, heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
 
 
-def start_bootstrap(transport: str, *, run_id: str, host: str = "0.0.0.0", port: int = 31337,
-                    identity_path: Path | None = None, initial_peers: Sequence[str] = ()) -> BootstrapNode:
+def start_bootstrap(transport: str, *, run_id: str, host: str, port: int, identity_path: Path | None = None,
+                    initial_peers: Sequence[str] = ()) -> BootstrapNode:
     """The node peers join through: a DHT node (hivemind) or the registry (grpc)."""
+    check_bootstrap_peers(transport, initial_peers)
     if transport == "grpc":
-        if initial_peers:
-            raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
         from swarm.fabric.grpc_registry import GrpcBootstrap
 
         return GrpcBootstrap(run_id, host=host, port=port)
-    check_peers(transport, initial_peers)
     from swarm.fabric.hivemind_transport import HivemindBootstrap
 
     return HivemindBootstrap(run_id, host=host, port=port, identity_path=identity_path, initial_peers=initial_peers)

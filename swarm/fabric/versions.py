@@ -1,6 +1,7 @@
-"""Policy versions across the swarm: learners announce them (signed DHT records), any holder
-serves them over p2p streams (so the learner's upload does not grow with the number of samplers),
-and receivers rebuild them bit for bit, checking every hash.
+"""Policy versions across the swarm: learners announce them (signed DHT records), every peer
+serves the versions it holds over p2p streams, and receivers rebuild them bit for bit, checking
+every hash. (Samplers fetch from the announcing learner today: see follower.holders_for. Until
+they fetch from each other, the learner's upload grows with the number of samplers.)
 
 Only the run's learners may publish: a receiver is given the learners' public keys (the
 `[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
@@ -30,6 +31,9 @@ logger = logging.getLogger(__name__)
 # before reading it: a hostile holder must not make a peer allocate without bound. 4 GiB covers a
 # bf16 snapshot of a 2B-parameter policy.
 MAX_PAYLOAD_BYTES = 4 * 1024**3
+# The most versions a peer keeps in memory (a learner keeps max_staleness + 1 of them, for deltas
+# to samplers that far behind; a sampler simulating latency keeps versions until their pickup).
+MAX_HELD_VERSIONS = 64
 
 
 class OversizedPayload(ValueError):
@@ -156,7 +160,7 @@ class VersionStore:
 
 
 class WeightServer:
-    """Serves the versions in `store` to any peer that asks (learners and relaying samplers)."""
+    """Serves the versions in `store` to any peer that asks."""
 
     def __init__(self, dht, run_id: str, store: VersionStore) -> None:
         self.store = store

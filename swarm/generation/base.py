@@ -7,17 +7,20 @@ from typing import Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarm.config import GenerationSettings, default_of
+
 
 class SamplingParams(BaseModel):
     """How completions are sampled. Log-probs are recorded under exactly this distribution."""
 
     model_config = ConfigDict(extra="forbid")
 
-    num_completions: int = Field(8, ge=1, description="G: completions per prompt (the GEPO group size)")
-    temperature: float = Field(1.0, ge=0, description="0 means greedy decoding")
+    num_completions: int = Field(default_of(GenerationSettings, "num_generations"), ge=1,
+                                 description="G: completions per prompt (the GEPO group size)")
+    temperature: float = Field(1.0, ge=0, description="0 means greedy decoding; 1 leaves the policy's distribution as it is")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
-    max_new_tokens: int = Field(32, ge=1)
+    max_new_tokens: int = Field(default_of(GenerationSettings, "max_completion_length"), ge=1)
     seed: int | None = Field(None, description="seed for reproducible sampling (None: not reseeded)")
 
     @property

@@ -1,7 +1,8 @@
 """The policy-loss family: one registry of pure tensor functions and one dispatch point.
 
 - base.py            - LossInputs / LossOutputs, reductions, normalisers, PPO clip helper.
-- registry.py        - LossConfig, `register_loss`, `LOSSES`, `compute_loss` (the dispatch point).
+- registry.py        - `register_loss`, `LOSSES`, `compute_loss` (the dispatch point); the loss
+                       settings (`LossConfig`) live with every other setting in swarm/config.py.
 - kl.py              - k3 sampler-learner KL penalty and the KL(sampler || learner) metric.
 - token_level.py     - grpo, dr_grpo, bnpo, cispo.
 - sequence_level.py  - gspo, gmpo, topr.
@@ -9,9 +10,9 @@
 """
 
 from swarm.losses.base import LossInputs, LossOutputs
-from swarm.losses.registry import LOSSES, LossConfig, LossSpec, compute_loss, register_loss
+from swarm.losses.registry import LOSSES, LossConfig, LossSpec, clip_range, compute_loss, register_loss
 
 # Importing the modules registers their losses.
 from swarm.losses import group_level, sequence_level, token_level  # noqa: E402,F401  isort:skip
 
-__all__ = ["LOSSES", "LossConfig", "LossInputs", "LossOutputs", "LossSpec", "compute_loss", "register_loss"]
+__all__ = ["LOSSES", "LossConfig", "LossInputs", "LossOutputs", "LossSpec", "clip_range", "compute_loss", "register_loss"]

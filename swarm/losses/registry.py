@@ -49,6 +49,14 @@ def register_loss(
     return decorate
 
 
+def clip_range(config: LossConfig) -> tuple[float, float]:
+    """(epsilon, epsilon_high) of `config`, each unset bound taken from the loss's own defaults."""
+    spec = LOSSES[config.name]
+    low = spec.eps_low if config.epsilon is None else config.epsilon
+    high = spec.eps_high if config.epsilon_high is None else config.epsilon_high
+    return low, high
+
+
 def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOutputs:
     """The one dispatch point: policy loss + k3 KL penalty, with metrics.
 

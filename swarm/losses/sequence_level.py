@@ -17,13 +17,13 @@ from swarm.losses.base import (
     valid_sequences,
     weighted_mean_var,
 )
-from swarm.losses.registry import LossConfig, register_loss
+from swarm.losses.registry import LossConfig, clip_range, register_loss
 
 
 def clipped_sequence_loss(log_weight: Tensor, inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     """PPO clip on a per-sequence weight exp(log_weight) (B,); mean over sequences. Shared by GSPO
     and GEPO, which differ only in the denominator inside `log_weight`."""
-    eps_low, eps_high = config.clip_range()
+    eps_low, eps_high = clip_range(config)
     weight = clamped_exp(log_weight)
     objective, clipped = ppo_clip_objective(weight, inputs.advantages, eps_low, eps_high)
     loss = -mean_over_sequences(objective, inputs.mask)
@@ -56,7 +56,7 @@ def gspo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     summary="geometric mean of token ratios, token log-ratios clipped in log space (Zhao et al.)",
 )
 def gmpo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
-    eps_low, eps_high = config.clip_range()
+    eps_low, eps_high = clip_range(config)
     mask = inputs.mask
     adv = inputs.advantages
     sign = torch.sign(adv)[:, None]  # (B, 1)

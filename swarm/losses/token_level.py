@@ -16,7 +16,7 @@ from swarm.losses.base import (
     ppo_clip_objective,
     weighted_mean_var,
 )
-from swarm.losses.registry import LossConfig, register_loss
+from swarm.losses.registry import LossConfig, clip_range, register_loss
 
 Normaliser = Callable[[Tensor, Tensor, "int | None"], Tensor]
 
@@ -24,7 +24,7 @@ Normaliser = Callable[[Tensor, Tensor, "int | None"], Tensor]
 def _clipped_token_loss(inputs: LossInputs, config: LossConfig, normalise: Normaliser) -> tuple[Tensor, dict]:
     """PPO-clipped token ratio; the three token-level GRPO variants differ only in `normalise`
     (and in the advantage normalisation their specs name)."""
-    eps_low, eps_high = config.clip_range()
+    eps_low, eps_high = clip_range(config)
     mask = inputs.mask
     ratio = clamped_exp(inputs.learner_logprobs - inputs.sampler_logprobs)  # (B, T)
     objective, clipped = ppo_clip_objective(ratio, inputs.advantages[:, None], eps_low, eps_high)
@@ -66,7 +66,7 @@ def bnpo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     summary="stop-gradient clipped token weight times A * log pi; no token's gradient is dropped (MiniMax-M1)",
 )
 def cispo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
-    eps_low, eps_high = config.clip_range()
+    eps_low, eps_high = clip_range(config)
     mask = inputs.mask
     ratio = clamped_exp(inputs.learner_logprobs - inputs.sampler_logprobs).detach()
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)

@@ -14,12 +14,12 @@ BUILTIN_TASKS = ("arithmetic",)
 
 def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, **dataset_options) -> Task:
     """"arithmetic" (the built-in task), or a dataset id / local file for `DatasetTask`."""
-    from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, _looks_local
+    from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, looks_local
     from swarm.tasks.synthetic import ArithmeticTask
 
     if name_or_path == "arithmetic":
         return ArithmeticTask(difficulty=difficulty)
-    if _looks_local(name_or_path) or "/" in name_or_path:
+    if looks_local(name_or_path) or "/" in name_or_path:
         return DatasetTask(name_or_path, tokenizer=tokenizer, **dataset_options)
     raise ValueError(
         f"unknown task {name_or_path!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), a local "

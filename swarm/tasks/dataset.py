@@ -19,7 +19,7 @@ LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 HOLDOUT_PERCENT = 10
 
 
-def _looks_local(source: str) -> bool:
+def looks_local(source: str) -> bool:
     return Path(source).suffix in LOCAL_FORMATS or source.startswith((".", "/", "~"))
 
 
@@ -36,14 +36,14 @@ class DatasetTask:
     name: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
-        self.name = Path(self.source).stem if _looks_local(self.source) else self.source
+        self.name = Path(self.source).stem if looks_local(self.source) else self.source
         if "{question}" not in self.template:
             raise ValueError(f"prompt template must contain '{{question}}', got {self.template!r}")
 
     def _load_rows(self):
         import datasets
 
-        if _looks_local(self.source):
+        if looks_local(self.source):
             path = Path(self.source).expanduser()
             if not path.exists():
                 raise FileNotFoundError(f"dataset file {path} does not exist")
