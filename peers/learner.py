@@ -42,6 +42,8 @@ def prepare_run_dir(config: LearnerConfig) -> tuple[Path, object]:
 
 
 def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
+    import torch
+
     from swarm.checkpoint import load_optimizer_state, save_checkpoint
     from swarm.config import write_config
     from swarm.fabric.bans import PeerBans
@@ -61,6 +63,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     run_dir, resume_from = prepare_run_dir(config)
     write_config(config, run_dir / "config.yaml")
     events = EventLog(run_dir)
+    torch.manual_seed(config.seed)
     model, tokenizer = load_policy(str(resume_from.path) if resume_from else config.model)
     core = LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
     if resume_from:
@@ -85,7 +88,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                  # letting a backlog of old groups raise staleness
                                  capacity=config.groups_per_step * 2,
                                  bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
-    intake = GroupIntake(answers, max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize)
+    intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                         max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize)
     learner_key = encode_learner_key(fabric.public_key)
     write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
                 addresses=fabric.addresses(), learner_key=learner_key)

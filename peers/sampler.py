@@ -1,7 +1,9 @@
-"""The sampler peer: holds a policy version, generates and scores rollout groups, streams them to
-the learner, and picks up new versions as they are announced (only versions announced under the
-learner keys it was given; swarm.fabric.follower fetches them in the background). It serves the
-versions it holds to any peer that asks.
+"""The sampler peer: holds a policy version, generates and scores rollout groups for prompts drawn
+at random (seeded by its id), streams them to the learner, and picks up new versions as they are
+announced (only versions announced under the learner keys it was given; swarm.fabric.follower
+fetches them in the background, from the learner). It also serves the versions it holds to any
+peer that asks, though no peer asks a sampler yet. Groups the learner refuses or cannot take are
+counted by reason, not sent again.
 
 In its run directory: ready.json once it has joined, events.jsonl (versions fetched: from which
 peer, bytes, seconds; versions used; groups sent, accepted and refused by reason, each round;
@@ -54,7 +56,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     simulating = delay.kind != "none" or config.lag_steps > 0
     # holding many versions only matters for latency simulation (versions wait for their pickup time)
     store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))
-    server = fabric.weight_server(store)  # any peer may fetch what we hold
+    server = fabric.weight_server(store)  # ready for relay: nothing fetches from samplers yet (follower.holders_for)
     sender = fabric.rollout_sender()
     rng = random.Random(sampler_id)
 

@@ -15,7 +15,8 @@ The library, one concept per module:
 - logprobs.py        - per-token log-probs of chosen tokens under a (temperature / top-k / top-p)
                        sampling distribution; shared by samplers and learners so that both agree.
 - rollouts.py        - rollout groups and their collation into tensors.
-- rewards.py         - reward registry (math-verify accuracy, format) and dotted-path rewards.
+- rewards.py         - reward registry (math-verify accuracy, format) and dotted-path rewards; the
+                       peers score with math-verify accuracy.
 - tasks/ (package)   - the built-in synthetic math task and the `datasets` loader.
 - model/ (package)   - the embedded tiny Qwen3 policy and its tokenizer; loading any causal LM.
 - generation/        - generation backends behind one interface: transformers, vLLM (optional).

@@ -7,6 +7,8 @@ groups of settings.
 | in-process trainer           | TrainerConfig  | task, loss, optimizer, training, generation, ... |
 | `swarm sampler`              | SamplerConfig  | swarm, task, generation, sampler, output         |
 | `swarm bootstrap`            | BootstrapConfig| its own (it holds no model)                      |
+| `swarm demo`                 | DemoConfig     | the trainer's, plus the local swarm's            |
+| `swarm eval`                 | EvalConfig     | task, evaluation, generation                     |
 
 The learner and the in-process trainer share `TrainingSettings` (the loss config, optimizer and
 schedule), so they cannot drift apart. Names follow TRL's where a TRL user would look for them
@@ -154,7 +156,8 @@ class SwarmSettings(Settings):
                           help="the run to join")
     identity_dir: Optional[Path] = setting(None, group="swarm",
                                            help="where this peer's keys live (unset: ~/.cache/gepo-swarm/identity)")
-    host: str = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface)")
+    host: str = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface); over gRPC also "
+                                                         "the address other peers are told, so give one they can reach")
     port: int = setting(0, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
     heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
 
@@ -198,11 +201,13 @@ class TrainingSettings(Settings):
     steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
     groups_per_step: int = setting(
         32, group="training", ge=1,
-        help="rollout groups (prompts, each with its num_generations completions) per optimizer step; "
-             "counted in groups, not completions as TRL's batch size is, since GEPO's expectation needs whole groups")
+        help="rollout groups (prompts, each with its num_generations completions) per optimizer step (the swarm "
+             "learner steps on fewer when --wait-s passes without them); counted in groups, not completions as TRL's "
+             "batch size is, since GEPO's expectation needs whole groups")
     max_staleness: int = setting(64, group="training", ge=0,
                                  help="groups more than this many versions behind are dropped (the paper's runs: 64)")
-    seed: int = setting(0, group="training", help="seed of the policy's sampling and of the trainer's prompt order")
+    seed: int = setting(0, group="training", help="random seed: torch's in the learner; the in-process trainer's prompt order "
+                                                  "and sampling; the evaluation's sampling")
 
     @field_validator("loss", mode="before")
     @classmethod
@@ -257,7 +262,8 @@ class SamplerConfig(SwarmSettings, TaskSettings, GenerationSettings):
         "transformers", group="sampler", help="generation backend: transformers (CPU or GPU) or vllm (GPU, the optional "
                                               "vllm extra; not yet verified on a GPU by this project)")
     device: str = setting("cpu", group="sampler", help="torch device of the transformers backend (cpu, cuda, cuda:1, ...)")
-    wait_s: float = setting(60.0, group="sampler", gt=0, help="give up when no learner has announced a version for this many seconds")
+    wait_s: float = setting(60.0, group="sampler", gt=0,
+                            help="at start-up, give up when no learner has announced a version for this many seconds")
     pickup_delay: str = setting("none", group="sampler",
                                 help="latency simulation: seconds before using a new version: none | fixed:S | uniform:S | "
                                      "lognormal:LO,HI (the paper: 60,1920)")

@@ -1,9 +1,10 @@
 """What a learner accepts into a training batch. The inbox (fabric) has already validated the wire
 form; here each group is checked against the learner's own state: how stale and how old it is,
 whether its problem is one of the task's, and whether its rewards match the learner's own scoring
-of the completion texts (a sampler's rewards are never trusted). Every refusal is counted by
-reason; refusals that are the sender's fault are reported to the inbox, which bans repeat
-offenders (stale groups are never the sender's fault)."""
+of the completions. The learner decodes the completion token ids itself and scores that text, so
+neither a sampler's rewards nor its texts are trusted: the tokens trained on are the tokens scored.
+Every refusal is counted by reason; refusals that are the sender's fault are reported to the
+inbox, which bans repeat offenders (stale groups are never the sender's fault)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,13 @@ REWARD_TOLERANCE = 1e-6
 
 
 class GroupIntake:
-    def __init__(self, answers: dict[str, str], *, max_staleness: int, max_age_s: float,
-                 penalize: Callable[[str, str], None], scorer: RewardScorer | None = None) -> None:
-        """answers: problem id -> gold answer. penalize(peer, reason): a strike against the sender."""
+    def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
+                 max_age_s: float, penalize: Callable[[str, str], None], scorer: RewardScorer | None = None) -> None:
+        """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
+        them (the tokenizer's batch_decode without special tokens). penalize(peer, reason): a strike
+        against the sender."""
         self.answers, self.max_staleness, self.max_age_s, self.penalize = answers, max_staleness, max_age_s, penalize
+        self.decode = decode
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
 
@@ -39,12 +43,13 @@ class GroupIntake:
             self.dropped["unknown problem"] += 1
             self.penalize(group.sender, "unknown problem")
             return False
-        rescored = self.scorer.score(group.completion_texts, [gold] * group.size)
+        texts = self.decode(group.completion_ids)
+        rescored = self.scorer.score(texts, [gold] * group.size)
         if any(a is not None and b is not None and abs(a - b) > REWARD_TOLERANCE for a, b in zip(rescored, group.rewards)):
             self.dropped["reward mismatch"] += 1
             self.penalize(group.sender, "reward mismatch")
             return False
-        group.rewards = rescored
+        group.rewards, group.completion_texts = rescored, texts
         return True
 
     def close(self) -> None:

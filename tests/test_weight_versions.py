@@ -141,3 +141,47 @@ def test_announcements_by_unauthorised_keys_are_ignored(peers):
     # and no peer can announce under the learner's key
     assert not forge_announcement(volunteer, learner.key, 100)
     assert receiver.fabric.latest_announced([learner.key]).version == 0
+
+
+def serve_bogus_weights(holder, size: int):
+    """Make `holder` answer every weight request with a header promising one payload of `size`
+    bytes, and nothing after it."""
+    if holder.fabric.transport == "grpc":
+        from swarm.fabric.grpc_common import pack
+
+        holder.fabric.server.weight_handler = lambda request: iter([pack({"ok": True, "sizes": [size]})])
+        return None
+    import msgpack
+    from hivemind.p2p import P2P
+
+    from swarm.fabric.loop import HostedStreamHandler
+    from swarm.fabric.versions import handler_name
+
+    async def bogus(stream_info, reader, writer):
+        await P2P.receive_raw_data(reader)
+        await P2P.send_raw_data(msgpack.packb({"ok": True, "count": 1}), writer)
+        writer.write(size.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))  # then never the bytes
+        await writer.drain()
+
+    holder.server.close()  # its honest server gives up the handler name
+    return HostedStreamHandler(holder.fabric.dht, handler_name(holder.fabric.run_id), bogus, thread_name="bogus-weights")
+
+
+def test_a_holder_promising_an_oversized_payload_is_refused_unread_and_skipped(peers):
+    from swarm.fabric.versions import MAX_PAYLOAD_BYTES, OversizedPayload
+
+    learner, liar, receiver = peers(), peers(), peers()
+    state = next(publish_stream(0))
+    digest = learner.store.add(0, state)
+    hosted = serve_bogus_weights(liar, MAX_PAYLOAD_BYTES + 1)
+    try:
+        unreachable = receiver.fabric.unreachable_errors()
+        with pytest.raises(OversizedPayload, match="limit"):
+            fetch_from_holders(receiver.client, [liar.fabric.peer_id], 0, digest, receiver.store, unreachable)
+        assert receiver.store.latest is None
+        result = fetch_from_holders(receiver.client, [liar.fabric.peer_id, learner.fabric.peer_id], 0, digest,
+                                    receiver.store, unreachable)
+        assert result.holder == learner.fabric.peer_id and receiver.store.hashes[0] == digest
+    finally:
+        if hosted is not None:
+            hosted.close()

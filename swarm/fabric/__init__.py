@@ -14,8 +14,9 @@ move between them. One written interface, two transports.
 - weight_delta.py       - policy versions as bit-exact deltas against the previous version.
 - versions.py           - signed version announcements (learner keys only), the store of the
                           versions a peer holds, serving them and rebuilding fetched ones.
-- follower.py           - a sampler's background fetching of new versions (from which holders,
-                          with fallback) and the latency simulation's choice of version.
+- follower.py           - a sampler's background fetching of new versions (which holders to ask:
+                          the announcing learner today) and the latency simulation's choice of
+                          version.
 - dht.py, loop.py       - hivemind: a DHT node with the swarm's validators; a private asyncio loop
                           per component for the p2p streams.
 - hivemind_transport.py - `HivemindFabric` and `HivemindBootstrap`.

@@ -1,7 +1,9 @@
 """Temporary bans of peers that keep sending bad data (malformed groups, forged rewards).
 
-Every refusal is a strike against the sending peer's id (authenticated by the transport, unlike
-the sampler id a group claims); `strikes` strikes within `window_s` seconds ban the peer for
+Every refusal that is the sender's fault (a malformed group, forged rewards, an unknown problem;
+not a stale, duplicate or "busy" one) is a strike against the sending peer's id: over hivemind the
+libp2p peer id the transport authenticates, over gRPC the address the sender claims (which a
+determined sender can change). `strikes` strikes within `window_s` seconds ban the peer for
 `ban_s` seconds, during which everything it sends is refused unread. A ban expires on its own, so
 a volunteer with a transient bug can come back.
 """

@@ -3,9 +3,10 @@ signed by the learner keys it was given and fetches each new version into a `Ver
 generation pauses only for the weight swap itself.
 
 Where a version is fetched from is `holders_for`'s decision; today it is always the peer that
-announced it (the learner). `fetch_from_holders` already tries several holders in order and skips
-one that is unreachable or sends a version that does not verify, so choosing other holders (peers
-that relay a version they hold) only has to change `holders_for`.
+announced it (the learner), so no sampler fetches from another and the learner's upload grows with
+the samplers. `fetch_from_holders` already tries several holders in order and skips one that is
+unreachable or sends a version that does not verify; fetching from other holders needs a
+`holders_for` that knows who holds what (not built).
 
 For experiments on one machine, the pickup of a version can be delayed by a random number of
 seconds (`pickup_delay`, the paper's log-normal latency model) and generation can lag a fixed
@@ -66,7 +67,8 @@ def usable_version(held: Iterable[int], ready_at: dict[int, float], newest: int 
 class VersionFollower:
     """Background thread: polls the learners' announcements and fetches each new version into
     `store` (deltas when it can), stamping each with the time it may be used. `on_fetch` gets each
-    FetchResult (from the follower's thread); failures are retried every poll."""
+    FetchResult (from the follower's thread); a failed fetch, whatever the holder did, is reported
+    (the 1st, 10th and every 100th time in a row) and retried at the next poll."""
 
     def __init__(self, fabric, store: VersionStore, learner_keys: list[bytes], delay, rng: random.Random, *,
                  echo: Callable[[str], None], on_fetch: Callable[[FetchResult], None] | None = None,
@@ -95,7 +97,7 @@ class VersionFollower:
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
                         fetched = fetch_from_holders(self.client, holders_for(ann), ann.version, ann.hash, self.store, unreachable)
-                    except (*unreachable, CorruptVersion, KeyError) as exc:
+                    except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: whatever a holder did, retry
                         self._failures += 1
                         if self._failures in (1, 10) or self._failures % 100 == 0:
                             self.echo(f"could not fetch version {ann.version} ({type(exc).__name__}: {exc}); retrying")

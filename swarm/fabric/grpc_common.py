@@ -8,8 +8,9 @@ The transport itself (see grpc_registry.py and grpc_peer.py):
   overwrite another's record until it has expired. Version announcements are signed with the
   learner's RSA key: the registry refuses bad signatures, and samplers verify them again against
   the keys they were given.
-- every peer runs a gRPC **server** at `host:port` (its peer id here) serving its rollout inbox
-  (learners) and the versions it holds; peers stream rollouts and weights to each other directly.
+- every peer runs a gRPC **server** at `host:port` (its peer id here, and the address it tells
+  others: give one they can reach) serving its rollout inbox (learners) and the versions it holds;
+  rollouts stream from samplers to the learner and weights from the learner to samplers directly.
 
 No protobuf code generation: methods are registered as generic handlers carrying msgpack bytes
 (frames from wire.py for rollouts, weight_delta payloads for weights, cut into chunks).

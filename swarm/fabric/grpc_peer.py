@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import threading
+
+import msgpack
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -26,6 +28,7 @@ from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat
 from swarm.fabric.rollout_exchange import InboxCore
 from swarm.fabric.versions import Announced, RebuildingClient, check_payload_size, newest_authorised
+from swarm.fabric.weight_delta import CorruptVersion
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +163,14 @@ class GrpcWeightClient(RebuildingClient):
 
     def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
         call = self._channels.get(holder).unary_stream(f"/{SERVICE}.Peer/Weights", request_serializer=pack,
-                                                               response_deserializer=None)
+                                                       response_deserializer=None)
         messages = call({"have": have, "want": want}, timeout=self.timeout_s)
-        header = unpack(next(messages))
+        try:
+            header = unpack(next(messages))
+        except (ValueError, msgpack.UnpackException) as exc:
+            raise CorruptVersion(f"holder {holder} sent an unreadable header: {exc}") from exc
+        if not isinstance(header, dict) or not isinstance(header.get("sizes", []), list):
+            raise CorruptVersion(f"holder {holder} sent a malformed header")
         if not header.get("ok"):
             raise KeyError(f"holder {holder} cannot serve version {want}: {header.get('reason')}")
         payloads = []

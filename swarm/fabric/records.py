@@ -17,7 +17,6 @@ from swarm import __version__
 from swarm.config import SwarmSettings, default_of
 
 ROLES = ("sampler", "learner")
-MAX_RECORD_BYTES = 16 * 1024  # far under hivemind's 2 MiB unary limit
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
 
 

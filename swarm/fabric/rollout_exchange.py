@@ -6,7 +6,7 @@ and reads one small ack per frame. The learner side (`RolloutInbox`):
 - delivers each group at most once (a bounded memory of recently seen group uids);
 - applies backpressure: a bounded queue; when it is full the handler stops reading, so the
   sender's writes block instead of the learner's memory growing, and after `put_timeout_s` the
-  group is refused as "busy" (the sampler may retry later);
+  group is refused as "busy" (the sampler counts it and moves on);
 - counts accepted and refused groups per peer; a peer that keeps sending bad data (malformed
   groups here, forged rewards reported by the learner through `penalize`) is banned for a while
   (bans.py) and everything it sends meanwhile is refused unread.
@@ -118,7 +118,7 @@ class InboxCore:
             self.stats.accepted[group.sampler_id] += 1
             return {"ok": True}
         with self._lock:
-            self._seen.pop(uid, None)  # not delivered: the sampler may send it again
+            self._seen.pop(uid, None)  # not delivered: the same group may come again
         self.stats.reasons["busy"] += 1
         return {"ok": False, "reason": "busy"}
 

@@ -51,7 +51,9 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
 
 
 def observe(transport: str, *, run_id: str, peers: Sequence[str]) -> Fabric:
-    """A fabric that reads the swarm (members, announcements) and serves nothing others could use."""
+    """A fabric that reads the swarm (members, announcements) without taking part: it heartbeats
+    nothing and serves no rollouts or weights (over hivemind it is still a DHT node, which stores
+    and serves records as every DHT node does)."""
     check_peers(transport, peers)
     if transport == "grpc":
         from hivemind.utils.crypto import RSAPrivateKey

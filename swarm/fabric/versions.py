@@ -31,13 +31,16 @@ logger = logging.getLogger(__name__)
 # before reading it: a hostile holder must not make a peer allocate without bound. 4 GiB covers a
 # bf16 snapshot of a 2B-parameter policy.
 MAX_PAYLOAD_BYTES = 4 * 1024**3
-# The most versions a peer keeps in memory (a learner keeps max_staleness + 1 of them, for deltas
-# to samplers that far behind; a sampler simulating latency keeps versions until their pickup).
+# How many versions a peer keeps in memory (a learner up to this many plus the current one, for
+# deltas to samplers that far behind; a sampler simulating latency this many, or --lag-steps + 2).
 MAX_HELD_VERSIONS = 64
 
 
-class OversizedPayload(ValueError):
+class OversizedPayload(CorruptVersion):
     """A holder announced a weight payload larger than MAX_PAYLOAD_BYTES."""
+
+
+HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
 
 
 def check_payload_size(size: int, holder, limit: int = MAX_PAYLOAD_BYTES) -> int:
@@ -236,18 +239,23 @@ class WeightClient(RebuildingClient):
     async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
         from hivemind.p2p import P2P
 
+        async def receive(limit: int) -> bytes:
+            # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
+            size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
+            return await reader.readexactly(check_payload_size(size, peer_id, limit))
+
         reader, writer = await self._client.open(peer_id)
         try:
             await P2P.send_raw_data(msgpack.packb({"have": have, "want": want}), writer)
-            header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
+            try:
+                header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise CorruptVersion(f"holder {peer_id} sent an unreadable header: {exc}") from exc
+            if not isinstance(header, dict) or not isinstance(header.get("count", 0), int):
+                raise CorruptVersion(f"holder {peer_id} sent a malformed header")
             if not header.get("ok"):
                 raise KeyError(f"holder {peer_id} cannot serve version {want}: {header.get('reason')}")
-            payloads = []
-            for _ in range(int(header["count"])):
-                # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
-                size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
-                payloads.append(await reader.readexactly(check_payload_size(size, peer_id)))
-            return payloads
+            return [await receive(MAX_PAYLOAD_BYTES) for _ in range(header["count"])]
         finally:
             writer.close()
 

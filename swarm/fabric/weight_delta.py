@@ -5,7 +5,7 @@ Deltas compare raw bits, not values: each tensor is viewed as unsigned integers 
 width, the elements whose bits changed are listed (sorted indices, stored as gaps, plus their new
 bits), or the whole tensor is sent when that is smaller. At RL learning rates most bf16 elements do
 not change between consecutive versions, so the sparse form is small, and zlib shrinks the gaps
-further. Every version is named by a hash of its exact contents (`state_hash`); `apply_delta`
+further. Every version is named by a hash of its exact contents (`state_hash`); `apply_payload`
 checks the base it is applied to and the result, so a corrupt or misapplied delta is never used.
 
 Layout of a payload: one codec byte, b"Z" (zlib-compressed, for deltas: gaps and sparse bits

@@ -11,7 +11,9 @@ from swarm.config import GenerationSettings, default_of
 
 
 class SamplingParams(BaseModel):
-    """How completions are sampled. Log-probs are recorded under exactly this distribution."""
+    """How completions are sampled. Backends record log-probs under the distribution these settings
+    define (swarm.logprobs recomputes the same). A hub model's own generation_config may add
+    processing the learner does not recompute (e.g. a repetition penalty): not yet guarded."""
 
     model_config = ConfigDict(extra="forbid")
 

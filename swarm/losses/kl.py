@@ -11,7 +11,7 @@ from swarm.losses.base import MAX_LOG_RATIO, normalise_token_mean
 
 def k3_penalty(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Token-mean of exp(s - l) - (s - l) - 1 (Schulman's k3 estimator, >= 0), with gradient through
-    the learner log-probs l. Added to the loss with coefficient `kl_coef` (paper: 0.005)."""
+    the learner log-probs l. Added to the loss with coefficient `beta` (LossConfig; paper: 0.005)."""
     d = (sampler_logprobs - learner_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return normalise_token_mean(torch.exp(d) - d - 1.0, mask)
 

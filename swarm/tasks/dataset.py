@@ -1,8 +1,9 @@
 """Tasks from any Hugging Face dataset id or local jsonl / json / parquet / csv file.
 
 Each row gives a question and a gold answer (configurable columns); prompts are built with the
-task template, inside the tokenizer's chat template when it has one. Without a test split in the
-source, a deterministic 10% of rows (by hash of the row's id) is held out as "test".
+task template, inside the tokenizer's chat template when it has one. The rows come from one split
+of the source ("train" unless told otherwise; a local file is one split), and a deterministic 10%
+of them (by hash of the row's id) is held out as "test"; a source's own test split is not used.
 """
 
 from __future__ import annotations

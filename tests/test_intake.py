@@ -1,0 +1,61 @@
+"""What a learner accepts into a batch (swarm/intake.py): the learner decodes the completion tokens
+itself and scores that text, so a sampler can forge neither rewards nor texts; stale, old and
+unknown groups are dropped by reason, and the sender's faults are reported for bans."""
+
+import time
+
+import pytest
+
+from swarm.intake import GroupIntake
+from swarm.model.loading import load_policy
+from swarm.rollouts import RolloutGroup
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_policy("embedded")[1]
+
+
+def group(tokenizer, texts, rewards, *, claimed_texts=None, version=5, created_at=None, problem_id="p1"):
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    return RolloutGroup(problem_id=problem_id, prompt_ids=[1, 2], completion_ids=ids, sampler_logprobs=[[-1.0] * len(i) for i in ids],
+                        rewards=rewards, version=version, sampler_id="s", completion_texts=claimed_texts if claimed_texts is not None else texts,
+                        created_at=created_at or time.time(), sender="peer-a")
+
+
+@pytest.fixture
+def intake(tokenizer):
+    strikes = []
+    made = GroupIntake({"p1": "42"}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), max_staleness=4,
+                       max_age_s=60, penalize=lambda peer, reason: strikes.append((peer, reason)))
+    made.strikes = strikes
+    yield made
+    made.close()
+
+
+def test_honest_group_is_accepted_with_the_learners_own_rewards(intake, tokenizer):
+    g = group(tokenizer, ["\\boxed{42}", "\\boxed{41}"], [1.0, 0.0])
+    assert intake.accept(g, learner_version=6)
+    assert g.rewards == [1.0, 0.0] and g.completion_texts == ["\\boxed{42}", "\\boxed{41}"]
+    assert not intake.dropped and not intake.strikes
+
+
+def test_texts_that_do_not_match_the_tokens_cannot_earn_a_reward(intake, tokenizer):
+    # right answers in the texts, wrong ones in the tokens the learner would train on
+    forged = group(tokenizer, ["\\boxed{7}", "\\boxed{8}"], [1.0, 1.0], claimed_texts=["\\boxed{42}", "\\boxed{42}"])
+    assert not intake.accept(forged, learner_version=6)
+    assert intake.dropped == {"reward mismatch": 1} and intake.strikes == [("peer-a", "reward mismatch")]
+
+
+def test_a_group_sent_without_texts_is_scored_from_its_tokens(intake, tokenizer):
+    g = group(tokenizer, ["\\boxed{42}", "\\boxed{3}"], [1.0, 0.0], claimed_texts=[])
+    assert intake.accept(g, learner_version=5)
+    assert g.completion_texts == ["\\boxed{42}", "\\boxed{3}"]
+
+
+def test_stale_old_and_unknown_groups_are_dropped_by_reason(intake, tokenizer):
+    assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0], version=1), learner_version=6)
+    assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0], created_at=time.time() - 120), learner_version=6)
+    assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0], problem_id="nope"), learner_version=6)
+    assert intake.dropped == {"too stale": 1, "too old": 1, "unknown problem": 1}
+    assert intake.strikes == [("peer-a", "unknown problem")]  # staleness and age are never the sender's fault
