@@ -9,7 +9,6 @@ import threading
 
 import msgpack
 import time
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from swarm.fabric.grpc_common import (

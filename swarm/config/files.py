@@ -1,0 +1,76 @@
+"""Config files: read the keys that apply to a role (TOML, YAML or JSON), resolve defaults < file
+< command line, and write the resolved config to a run directory (where `--config` reads it back)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from swarm.config.base import Settings, field_names, field_names_of
+from swarm.config.roles import CONFIGS, ROLES
+
+
+def read_config_file(path: Path, role: str) -> dict[str, Any]:
+    """The keys that apply to `role`: the file's top level (minus role tables) updated by its `[role]`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ValueError(f"config file {path}: use a .toml, .yaml/.yml or .json file")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                import tomli as tomllib
+
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # noqa: BLE001  each parser has its own error type
+        raise ValueError(f"config file {path} could not be parsed: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a table of settings, not {type(data).__name__}")
+    model = CONFIGS[role]
+    # top-level keys are shared by every role that reads the file: each must be one of this role's
+    values = {k: v for k, v in data.items() if k not in ROLES}
+    section = data.get(role, {})
+    if not isinstance(section, dict):
+        raise ValueError(f"config file {path}: [{role}] must be a table of settings")
+    values.update(section)
+    unknown = sorted(k for k in values if k not in field_names(model))
+    if unknown:
+        raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
+                         f"known: {', '.join(sorted(model.model_fields))}")
+    canonical = {alias: name for name in model.model_fields for alias in field_names_of(model, name)}
+    return {canonical.get(k, k): v for k, v in values.items()}  # `lr` at the top, `learning_rate` in [learner]: the table wins
+
+
+def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:
+    """Defaults < config file < command line. Raises pydantic's ValidationError on bad values."""
+    values = read_config_file(config_file, role) if config_file else {}
+    for key, value in cli_values.items():
+        if isinstance(value, dict) and isinstance(values.get(key), (dict, str)):
+            base = values[key] if isinstance(values[key], dict) else {"name": values[key]}
+            values[key] = {**base, **value}  # a nested table (the loss): the command line wins field by field
+        else:
+            values[key] = value
+    return CONFIGS[role](**values)
+
+
+def write_config(config: BaseModel, path: Path) -> Path:
+    """The resolved configuration as YAML (readable by `--config`)."""
+    import yaml
+
+    data = json.loads(config.model_dump_json())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -1,0 +1,163 @@
+"""The groups of settings that several roles share, the loss config, and what a transport accepts
+as peer addresses. Every default of these settings is written here, once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from pydantic import field_validator, model_validator
+
+from swarm.config.base import Settings, setting
+
+TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly these
+GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
+# The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
+# so that option choices and config validation need no torch import.
+LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo")
+
+
+def check_peers(transport: str, peers: Sequence[str]) -> None:
+    """Raise ValueError, saying what to pass instead, when `peers` do not fit `transport`."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; choose one of: {', '.join(TRANSPORTS)}")
+    for addr in peers:
+        if transport == "hivemind" and not str(addr).startswith("/"):
+            raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
+                             "(or use --transport grpc with the registry's HOST:PORT)")
+        if transport == "grpc" and (str(addr).startswith("/") or ":" not in str(addr)):
+            raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
+                             "as `swarm bootstrap --transport grpc` prints it")
+    if transport == "grpc" and len(peers) != 1:
+        raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
+
+
+def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
+    """What a bootstrap node may join: other hivemind nodes; a gRPC registry joins nothing."""
+    if transport == "grpc":
+        if peers:
+            raise ValueError("a gRPC registry joins no other peers; drop --peers (or use --transport hivemind)")
+        return
+    check_peers(transport, peers)
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy loss
+
+
+class LossConfig(Settings):
+    """Which policy loss to use and its knobs. Unset clip bounds take the loss's own defaults
+    (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 0.28)."""
+
+    name: Literal[LOSS_NAMES] = setting("gepo", group="loss", help="the policy loss")  # type: ignore[valid-type]
+    epsilon: Optional[float] = setting(
+        None, group="loss", aliases=("eps_low",), ge=0,
+        help="lower clip: ratio >= 1 - epsilon (GMPO: of the log-ratio); unset: the loss's own")
+    epsilon_high: Optional[float] = setting(
+        None, group="loss", aliases=("eps_high",), ge=0,
+        help="upper clip: ratio <= 1 + epsilon_high (DAPO's clip-higher); unset: the loss's own")
+    beta: float = setting(
+        0.005, group="loss", aliases=("kl_coef",), ge=0,
+        help="coefficient of the sampler-learner k3 KL penalty (0.005 in the GEPO paper's heterogeneous "
+             "runs; unlike TRL's beta it needs no reference model: it pulls towards the samplers' policy)")
+    seq_logprob_mode: Literal["mean", "sum"] = setting(
+        "mean", group="loss", help="sequence log-prob for sequence- and group-level weights: mean over tokens "
+                                    "(the GEPO reference) or sum")
+    gepo_expectation: Literal["group", "batch"] = setting(
+        "group", group="loss", help="GEPO's E_q[q] over each prompt's group (the paper) or over the whole micro-batch "
+                                     "(what the reference code does; for comparison only)")
+    max_completion_length: Optional[int] = setting(
+        None, group="loss", gt=0, help="Dr.GRPO's constant normaliser: the samplers' max_completion_length "
+                                        "(unset: the batch's padded width)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups of settings that several roles share
+
+
+class SwarmSettings(Settings):
+    """Where the swarm is and how this peer talks to it."""
+
+    peers: list[str] = setting(list, group="swarm", validate_default=True,
+                               help="address of a bootstrap node or any peer (repeatable): a multiaddr, or with "
+                                    "--transport grpc the registry's HOST:PORT")
+    transport: Literal[TRANSPORTS] = setting("hivemind", group="swarm",  # type: ignore[valid-type]
+                                             help="hivemind (libp2p), or grpc where libp2p cannot run")
+    run_id: str = setting("swarm", group="swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
+                          help="the run to join")
+    identity_dir: Optional[Path] = setting(None, group="swarm",
+                                           help="where this peer's keys live (unset: ~/.cache/gepo-swarm/identity)")
+    host: str = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface); over gRPC also "
+                                                         "the address other peers are told, so give one they can reach")
+    port: int = setting(0, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
+    heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
+
+    @field_validator("peers")
+    @classmethod
+    def _need_peers(cls, peers: list[str]) -> list[str]:
+        if not peers:
+            raise ValueError("no --peers given: pass the address a bootstrap node (or any peer) prints, "
+                             "or set peers = [...] in the config file")
+        return peers
+
+    @model_validator(mode="after")
+    def _peers_fit_transport(self):
+        check_peers(self.transport, self.peers)
+        return self
+
+
+class TaskSettings(Settings):
+    """Which policy and task (every peer of a run must use the same)."""
+
+    model: str = setting("embedded", group="task", help="policy: 'embedded', a model directory or a hub id")
+    task: str = setting("arithmetic", group="task", help="'arithmetic', a local jsonl/json/parquet/csv file or a dataset id")
+    difficulty: int = setting(2, group="task", ge=1, le=4, help="arithmetic task difficulty")
+    question_column: str = setting("question", group="task", help="dataset tasks: the question column")
+    answer_column: str = setting("answer", group="task", help="dataset tasks: the answer column")
+
+    def task_options(self) -> dict:
+        if self.task == "arithmetic":
+            return {"difficulty": self.difficulty}
+        return {"question_column": self.question_column, "answer_column": self.answer_column}
+
+
+class TrainingSettings(Settings):
+    """What the learner and the in-process trainer share: loss, optimizer, schedule, batch."""
+
+    loss: LossConfig = setting(LossConfig, group="loss", help="the policy loss and its knobs")
+    learning_rate: float = setting(1e-4, group="optimizer", aliases=("lr",), gt=0, help="AdamW learning rate")
+    lr_warmup_steps: int = setting(5, group="optimizer", ge=0,
+                                   help="linear learning-rate warm-up over the first versions (damps Adam's sign-like first steps)")
+    max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
+    steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
+    groups_per_step: int = setting(
+        32, group="training", ge=1,
+        help="rollout groups (prompts, each with its num_generations completions) per optimizer step (the swarm "
+             "learner steps on fewer when --wait-s passes without them); counted in groups, not completions as TRL's "
+             "batch size is, since GEPO's expectation needs whole groups")
+    max_staleness: int = setting(64, group="training", ge=0,
+                                 help="groups more than this many versions behind are dropped (the paper's runs: 64)")
+    seed: int = setting(0, group="training", help="random seed: torch's in the learner; the in-process trainer's prompt order "
+                                                  "and sampling; the evaluation's sampling")
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_by_name(cls, value):
+        return {"name": value} if isinstance(value, str) else value
+
+
+class GenerationSettings(Settings):
+    """How completions are sampled."""
+
+    num_generations: int = setting(8, group="generation", aliases=("group_size",), ge=2,
+                                   help="G: completions per prompt (the group GEPO's expectation is taken over)")
+    max_completion_length: int = setting(16, group="generation", aliases=("max_new_tokens",), ge=1,
+                                         help="longest completion, in tokens")
+    temperature: float = setting(1.0, group="generation", gt=0, help="sampling temperature")
+
+
+class EvalSettings(Settings):
+    """Held-out evaluation (the trainer's and the demo's; `swarm eval` takes its defaults from here)."""
+
+    eval_problems: int = setting(200, group="evaluation", aliases=("limit",), ge=1, help="held-out problems per evaluation")
+    eval_samples: int = setting(4, group="evaluation", aliases=("samples",), ge=1, help="samples per problem for pass@1")
