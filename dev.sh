@@ -2,7 +2,7 @@
 # The one entry point for a checkout: sets up .venv on first use (and again only when
 # pyproject.toml changes), then runs what was asked.
 #   bash dev.sh demo [ARGS]     the main job: `swarm demo` on the embedded default
-#   bash dev.sh test [ARGS]     the layer contracts (import-linter), then the test suite (pytest)
+#   bash dev.sh test [ARGS]     the test suite (pytest; tests/test_layers.py runs import-linter)
 #   bash dev.sh bench [ARGS]    the benchmarks; figures go to benchmarks/results/
 #   bash dev.sh study [--quick] the staleness study of every loss (benchmarks/staleness.py)
 #   bash dev.sh swarm ARGS      any `swarm` command
@@ -36,8 +36,6 @@ export PATH="$PWD/$VENV/bin:$PATH"
 case "$cmd" in
     demo) exec swarm demo "$@" ;;
     test)
-        # The layers (README, "Layout"): the library imports neither peers nor CLI. Checked first, in seconds.
-        lint-imports --no-cache
         # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
         set +e
         python -m pytest "$@"

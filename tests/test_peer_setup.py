@@ -153,3 +153,18 @@ def test_peers_sharing_an_identity_dir_get_their_own_keys(tmp_path):
         first.wait()
     again = subprocess.run([sys.executable, "-c", code.replace("time.sleep(30)", "0"), str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert again.stdout.strip() == "sampler"  # a restarted peer gets its slot (and peer id) back
+
+
+def test_the_loss_is_a_table_in_a_config_file_and_the_command_line_overrides_one_field(tmp_path):
+    path = tmp_path / "swarm.toml"
+    path.write_text(f'peers = ["{PEER}"]\n[learner]\nlearning_rate = 3e-5\nloss = {{ name = "gspo", epsilon_high = 0.01 }}\n')
+    config = resolve("learner", path, {"loss": {"beta": 0.1}})
+    assert (config.loss.name, config.loss.epsilon_high, config.loss.beta) == ("gspo", 0.01, 0.1)
+    assert resolve("learner", path, {"loss": {"name": "grpo"}}).loss.name == "grpo"
+
+
+def test_one_warm_up_schedule_by_version():
+    from swarm.training import warmup_factor
+
+    assert [warmup_factor(v, 4) for v in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_factor(0, 0) == 1.0

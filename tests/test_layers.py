@@ -1,0 +1,55 @@
+"""The structure the layers rest on: the import contracts hold (import-linter, as CI runs it), no
+module imports another module's private names, and `--help` is grouped, with choices and the
+TRL-style names and their aliases."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("swarm", "peers", "bootstrap")
+
+
+def test_import_contracts_hold():
+    out = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "3 kept, 0 broken" in out.stdout
+
+
+def test_no_module_imports_private_names_of_another():
+    found = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
+                    found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == []
+
+
+def swarm_help(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "swarm.cli", *args, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_learner_help_is_grouped_with_choices_and_trl_names():
+    text = swarm_help("learner")
+    sections = [line for line in text.splitlines() if line.endswith("options:")]
+    assert sections == ["Swarm options:", "Task options:", "Loss options:", "Optimizer options:", "Training options:",
+                        "Output options:", "Other options:"]
+    assert "--loss [gepo|grpo|dr_grpo|bnpo|gspo|gmpo|topr|cispo]" in text
+    assert "--transport [hivemind|grpc]" in text
+    for option in ("--learning-rate, --lr", "--beta, --kl-coef", "--epsilon, --eps-low", "--max-grad-norm", "--seed"):
+        assert option in text, option
+    assert "[default: 0.0001]" in text  # defaults shown one way, the config's own
+
+
+def test_the_same_setting_is_spelled_the_same_in_every_command():
+    learner, sampler, demo = swarm_help("learner"), swarm_help("sampler"), swarm_help("demo")
+    for option in ("--learning-rate", "--groups-per-step", "--loss", "--beta", "--steps", "--run-dir", "--seed"):
+        assert option in learner and option in demo, option
+    for option in ("--num-generations", "--max-completion-length", "--temperature", "--pickup-delay", "--transport"):
+        assert option in sampler and option in demo, option
