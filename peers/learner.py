@@ -44,7 +44,7 @@ def prepare_run_dir(config: LearnerConfig) -> tuple[Path, object]:
 def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
     import torch
 
-    from swarm.checkpoint import load_optimizer_state, save_checkpoint
+    from swarm.checkpoint import load_verified, save_checkpoint
     from swarm.config import write_config
     from swarm.fabric.bans import PeerBans
     from swarm.fabric.identity import encode_learner_key, identity_dir_or_default
@@ -53,10 +53,11 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
     from swarm.model.loading import load_policy
-    from swarm.runlog import EventLog, StepLog, write_ready
+    from swarm.fabric.weight_delta import non_finite_tensors
+    from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
     from swarm.signals import install_stop_signals
     from swarm.tasks import load_problems
-    from swarm.training import LearnerCore
+    from swarm.training import LearnerCore, NonFiniteStep
 
     stop = stop or threading.Event()
     install_stop_signals(stop)
@@ -64,11 +65,20 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     write_config(config, run_dir / "config.yaml")
     events = EventLog(run_dir)
     torch.manual_seed(config.seed)
-    model, tokenizer = load_policy(str(resume_from.path) if resume_from else config.model)
-    core = LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
+
+    def build_learner(model, tokenizer) -> LearnerCore:
+        return LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
+
     if resume_from:
-        load_optimizer_state(resume_from, core.optimizer)
-        core.version = resume_from.version
+        def warn(message: str) -> None:
+            events.event("damaged_checkpoint", message=message)
+            echo(f"warning: {message}")
+
+        resume_from, core, tokenizer = load_verified(run_dir, build_learner, warn=warn)
+        model, core.version = core.model, resume_from.version
+    else:
+        model, tokenizer = load_policy(config.model)
+        core = build_learner(model, tokenizer)
     answers = {p.problem_id: p.answer for p in load_problems(config.task, config.task_options(), tokenizer=tokenizer)}
     fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="learner",
                   identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
@@ -89,7 +99,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                  capacity=config.groups_per_step * 2,
                                  bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
     intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-                         max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize)
+                         max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
+                         temperature=config.temperature)
     learner_key = encode_learner_key(fabric.public_key)
     write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
                 addresses=fabric.addresses(), learner_key=learner_key)
@@ -98,7 +109,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     for addr in fabric.addresses():
         echo(f"  --peers {addr}")
 
-    totals = {"used": 0, "tokens_per_s": 0.0}
+    totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0}
 
     def heartbeat() -> None:
         digest = store.hashes[core.version]
@@ -107,8 +118,14 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"]))
 
     def publish() -> None:
-        store.add(core.version, {k: v.detach() for k, v in model.state_dict().items()})
-        (run_dir / "published.json").write_text(json.dumps({"version": core.version, "hash": store.hashes[core.version]}))
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        bad = non_finite_tensors(state)
+        if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
+            raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
+                               f"Resume from the last checkpoint in {run_dir / 'checkpoints'} with a lower --learning-rate")
+        store.add(core.version, state)
+        # atomic: a torn file would let a resumed learner announce an older version number
+        write_json_atomic(run_dir / "published.json", {"version": core.version, "hash": store.hashes[core.version]})
         inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
         heartbeat()
 
@@ -137,19 +154,32 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                     events.event("waiting", seconds=config.wait_s, version=core.version)
                     echo(f"no rollouts for {config.wait_s:.0f}s; waiting for samplers")
                 continue
-            metrics = core.step(batch)
+            try:
+                metrics = core.step(batch)
+            except NonFiniteStep as exc:  # nothing changed: count it and train on the next batch
+                totals["skipped_steps"] += 1
+                events.event("skipped_step", version=core.version, reason=str(exc), groups=len(batch))
+                echo(f"warning: {exc}")
+                continue
             totals["used"] += len(batch)
             totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
             publish()
             last_heartbeat = time.time()
             steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
-                       inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned())
+                       inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
+                       skipped_steps=totals["skipped_steps"])
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")
             if config.checkpoint_every and core.version % config.checkpoint_every == 0:
                 checkpoint()
         checkpoint()  # at exit, also on Ctrl-C / SIGTERM
+    except Exception as exc:
+        # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
+        events.event("crashed", version=core.version, error=f"{type(exc).__name__}: {exc}")
+        if core.version in store.hashes:  # the current version was published, so it is finite
+            checkpoint()
+        raise
     finally:
         steps.close()
         inbox.close()

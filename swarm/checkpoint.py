@@ -2,14 +2,18 @@
 format (config.json, model.safetensors, tokenizer files: `transformers` and vLLM load it as a model
 directory), the optimizer state, and state.json (version, weights hash, configuration).
 
-A checkpoint is written to a temporary directory and renamed into place only when complete, so a
-learner killed while saving never leaves a half-written checkpoint that `latest_checkpoint` would
-pick up; only the newest `keep` are kept.
+A checkpoint is written to a temporary directory, flushed to disk and renamed into place only when
+complete, so a learner killed while saving never leaves a half-written checkpoint that
+`latest_checkpoint` would pick up; only the newest `keep` are kept. `load_verified` resumes from the
+newest checkpoint whose weights still match the hash in its state.json, falling back to older ones
+(with a warning naming what was wrong) when the newest is damaged.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+logger = logging.getLogger(__name__)
 PREFIX = "version-"
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -47,6 +52,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int,
         tokenizer.save_pretrained(tmp)
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps({"version": version, "hash": digest, "config": config, "time": time.time()}, indent=2))
+        _fsync_files(tmp)  # the rename must not reach the disk before the files it names
         if final.exists():  # a leftover without state.json: incomplete, replace it
             shutil.rmtree(final)
         tmp.rename(final)
@@ -56,6 +62,13 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int,
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
+
+
+def _fsync_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
@@ -78,3 +91,26 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
 
 def load_optimizer_state(checkpoint: Checkpoint, optimizer) -> None:
     optimizer.load_state_dict(torch.load(checkpoint.path / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
+
+
+def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
+    """(checkpoint, learner, tokenizer) from the newest checkpoint that loads and whose weights hash
+    to what its state.json says; a damaged newer one is skipped with a `warn`ing.
+    `build_learner(model, tokenizer)` makes the learner (anything with an `optimizer`) that the
+    saved optimizer state is loaded into. Raises FileNotFoundError when no checkpoint is usable."""
+    from swarm.fabric.weight_delta import state_hash
+    from swarm.model.loading import load_policy
+
+    found = list_checkpoints(run_dir)
+    for checkpoint in reversed(found):
+        try:
+            model, tokenizer = load_policy(str(checkpoint.path))
+            digest = state_hash({k: v.detach() for k, v in model.state_dict().items()})
+            if digest != checkpoint.hash:
+                raise ValueError(f"its weights hash to {digest[:12]}..., not {checkpoint.hash[:12]}... as state.json says")
+            learner = build_learner(model, tokenizer)
+            load_optimizer_state(checkpoint, learner.optimizer)
+            return checkpoint, learner, tokenizer
+        except Exception as exc:  # noqa: BLE001  any damage: try the previous checkpoint
+            warn(f"checkpoint {checkpoint.path} is damaged ({type(exc).__name__}: {exc}); trying an older one")
+    raise FileNotFoundError(f"no usable checkpoint in {checkpoint_dir(run_dir)} ({len(found)} found, all damaged)")

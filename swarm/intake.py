@@ -3,11 +3,15 @@ form; here each group is checked against the learner's own state: how stale and 
 whether its problem is one of the task's, and whether its rewards match the learner's own scoring
 of the completions. The learner decodes the completion token ids itself and scores that text, so
 neither a sampler's rewards nor its texts are trusted: the tokens trained on are the tokens scored.
-Every refusal is counted by reason; refusals that are the sender's fault are reported to the
-inbox, which bans repeat offenders (stale groups are never the sender's fault)."""
+Groups must have been sampled with the run's settings (temperature, top-k, top-p): a learner steps
+on one sampling distribution, and a group claiming, say, temperature 1e-40 would make its
+log-probs non-finite. Every refusal is counted by reason; refusals that are the sender's fault are
+reported to the inbox, which bans repeat offenders (stale groups are never the sender's fault). A
+group that makes a check itself fail is refused as the sender's fault too, never ends the learner."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from typing import Callable
@@ -15,23 +19,38 @@ from typing import Callable
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
 
+logger = logging.getLogger(__name__)
 # a sampler's reward may differ from the learner's by rounding only
 REWARD_TOLERANCE = 1e-6
 
 
 class GroupIntake:
     def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
-                 max_age_s: float, penalize: Callable[[str, str], None], scorer: RewardScorer | None = None) -> None:
+                 max_age_s: float, penalize: Callable[[str, str], None], temperature: float, top_k: int = 0,
+                 top_p: float = 1.0, scorer: RewardScorer | None = None) -> None:
         """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
         them (the tokenizer's batch_decode without special tokens). penalize(peer, reason): a strike
-        against the sender."""
+        against the sender. temperature, top_k, top_p: the run's sampling settings."""
         self.answers, self.max_staleness, self.max_age_s, self.penalize = answers, max_staleness, max_age_s, penalize
-        self.decode = decode
+        self.decode, self.sampling = decode, (float(temperature), int(top_k), float(top_p))
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
 
     def accept(self, group: RolloutGroup, learner_version: int) -> bool:
         """True when `group` may be trained on; its rewards are then the learner's own."""
+        try:
+            return self._check(group, learner_version)
+        except Exception as exc:  # noqa: BLE001  the boundary: whatever a group does, the learner goes on
+            logger.warning("refused a group from %s that could not be checked: %s: %s", group.sender, type(exc).__name__, exc)
+            self.dropped["could not be checked"] += 1
+            self.penalize(group.sender, "could not be checked")
+            return False
+
+    def _check(self, group: RolloutGroup, learner_version: int) -> bool:
+        if (group.temperature, group.top_k, group.top_p) != self.sampling:
+            self.dropped["other sampling settings"] += 1
+            self.penalize(group.sender, "other sampling settings")
+            return False
         if learner_version - group.version > self.max_staleness:
             self.dropped["too stale"] += 1
             return False

@@ -70,14 +70,23 @@ class EventLog(JsonlLog):
         self.write({"time": time.time(), "event": kind, **fields})
 
 
-def write_ready(run_dir: Path, **info: Any) -> Path:
-    """`ready.json` with `info` plus the process id and the time, written atomically."""
-    path = Path(run_dir) / READY_FILE
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write `data` as JSON so that a reader, or a restart after a crash, sees the old file or the
+    new one whole: a temporary file, flushed to disk, renamed over `path`."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{READY_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**info, "pid": os.getpid(), "time": time.time()}, indent=2))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w") as f:
+        f.write(json.dumps(data, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
     return path
+
+
+def write_ready(run_dir: Path, **info: Any) -> Path:
+    """`ready.json` with `info` plus the process id and the time, written atomically."""
+    return write_json_atomic(Path(run_dir) / READY_FILE, {**info, "pid": os.getpid(), "time": time.time()})
 
 
 def read_ready(run_dir: Path) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ schema of steps.jsonl). No I/O: the swarm learner and the in-process trainer bot
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -17,6 +18,14 @@ from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
+
+
+class NonFiniteStep(RuntimeError):
+    """The step's loss or gradient norm was not finite; the policy and optimizer were left unchanged."""
+
+    def __init__(self, message: str, metrics: dict) -> None:
+        super().__init__(message)
+        self.metrics = metrics
 
 
 def warmup_factor(version: int, warmup_steps: int) -> float:
@@ -80,7 +89,8 @@ class LearnerCore:
         return next(self.model.parameters()).device
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
-        """One optimizer step on `groups`; returns metrics (loss's own plus reward, staleness, ...)."""
+        """One optimizer step on `groups`; returns metrics (loss's own plus reward, staleness, ...).
+        Raises NonFiniteStep, leaving everything as it was, when the loss or gradient is not finite."""
         if not groups:
             raise ValueError("a learner step needs at least one rollout group")
         sampling = {(g.temperature, g.top_k, g.top_p) for g in groups}
@@ -116,6 +126,11 @@ class LearnerCore:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         )
+        if not (math.isfinite(sums.get("loss", 0.0)) and math.isfinite(float(grad_norm))):
+            # AdamW would write NaN into every parameter, and the next version would carry it
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteStep(f"step from version {self.version}: loss {sums.get('loss')}, gradient norm {float(grad_norm)}; "
+                                "skipped", {**sums, "grad_norm": float(grad_norm)})
         self.optimizer.step()
         staleness = [self.version - g.version for g in groups]
         rewards = [r for g in groups for r in g.rewards if r is not None]

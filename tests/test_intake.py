@@ -27,7 +27,7 @@ def group(tokenizer, texts, rewards, *, claimed_texts=None, version=5, created_a
 def intake(tokenizer):
     strikes = []
     made = GroupIntake({"p1": "42"}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), max_staleness=4,
-                       max_age_s=60, penalize=lambda peer, reason: strikes.append((peer, reason)))
+                       max_age_s=60, penalize=lambda peer, reason: strikes.append((peer, reason)), temperature=1.0)
     made.strikes = strikes
     yield made
     made.close()
@@ -59,3 +59,29 @@ def test_stale_old_and_unknown_groups_are_dropped_by_reason(intake, tokenizer):
     assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0], problem_id="nope"), learner_version=6)
     assert intake.dropped == {"too stale": 1, "too old": 1, "unknown problem": 1}
     assert intake.strikes == [("peer-a", "unknown problem")]  # staleness and age are never the sender's fault
+
+
+def test_groups_sampled_with_other_settings_are_refused_before_anything_else(intake, tokenizer):
+    """A learner steps on one sampling distribution; a claimed temperature of 1e-40 would make the
+    recomputed log-probs non-finite (issue: one group poisons the model)."""
+    for settings in ({"temperature": 1e-40}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.9}):
+        g = group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0])
+        for key, value in settings.items():
+            setattr(g, key, value)
+        assert not intake.accept(g, learner_version=6), settings
+    assert intake.dropped == {"other sampling settings": 4}
+    assert intake.strikes == [("peer-a", "other sampling settings")] * 4
+
+
+def test_a_group_that_breaks_a_check_is_refused_not_raised(tokenizer):
+    def decode(ids):  # any failure inside a check, here in decoding
+        raise IndexError(f"token id {ids[0][0]} outside the vocabulary")
+
+    strikes = []
+    intake = GroupIntake({"p1": "42"}, decode=decode, max_staleness=4, max_age_s=60, temperature=1.0,
+                         penalize=lambda peer, reason: strikes.append((peer, reason)))
+    try:
+        assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0]), learner_version=6)
+    finally:
+        intake.close()
+    assert intake.dropped == {"could not be checked": 1} and strikes == [("peer-a", "could not be checked")]

@@ -17,7 +17,7 @@ from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings,
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
 
 # What the demo's samplers are told beyond the shared settings, and how often they report.
-SAMPLER_SETTINGS = ("num_generations", "max_completion_length", "temperature", "prompts_per_round", "pickup_delay")
+SAMPLER_SETTINGS = ("num_generations", "max_completion_length", "prompts_per_round", "pickup_delay")
 PROGRESS_EVERY_S = 2.0
 
 
@@ -28,7 +28,8 @@ def peer_settings(config: DemoConfig) -> dict:
     learner["checkpoint_every"] = 0  # one checkpoint, at the end: the one evaluated
     sampler = {k: dumped[k] for k in SAMPLER_SETTINGS if k in SamplerConfig.model_fields}
     sampler["progress_every_s"] = PROGRESS_EVERY_S
-    return {**{k: dumped[k] for k in TaskSettings.model_fields}, "learner": learner, "sampler": sampler}
+    shared = {k: dumped[k] for k in (*TaskSettings.model_fields, "temperature")}  # the run's sampling temperature too
+    return {**shared, "learner": learner, "sampler": sampler}
 
 
 def _eval(model: str, config: DemoConfig) -> dict:

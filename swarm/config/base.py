@@ -38,9 +38,15 @@ def default_of(model: type[BaseModel], name: str) -> Any:
     return model.model_fields[name].get_default(call_default_factory=True)
 
 
-def same_as(model: type[BaseModel], name: str) -> Any:
-    """The field `name` of `model`, for a config that offers the same setting with the same default."""
-    return copy.copy(model.model_fields[name])
+def same_as(model: type[BaseModel], name: str, *, group: str | None = None, help: str | None = None) -> Any:
+    """The field `name` of `model`, for a config that offers the same setting with the same default
+    (in another --help group, or described for its role, when given)."""
+    field = copy.copy(model.model_fields[name])
+    if group is not None:
+        field.json_schema_extra = {**(field.json_schema_extra or {}), "group": group}
+    if help is not None:
+        field.description = help
+    return field
 
 
 class Settings(BaseModel):

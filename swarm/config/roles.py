@@ -31,6 +31,8 @@ ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a conf
 class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
     """`swarm learner`: trains on rollouts from samplers and publishes versions."""
 
+    temperature: float = same_as(GenerationSettings, "temperature", group="training",
+                                 help="the run's sampling temperature: groups sampled at another are refused")
     max_age_s: float = setting(1800.0, group="training", gt=0, help="groups older than this many seconds are dropped")
     wait_s: float = setting(120.0, group="training", gt=0, help="say so when no rollouts arrive for this many seconds")
     run_dir: Optional[Path] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")

@@ -24,7 +24,14 @@ import torch
 
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import VersionAnnouncement, versions_key
-from swarm.fabric.weight_delta import CorruptVersion, apply_payload_verified, encode_delta, encode_snapshot, state_hash
+from swarm.fabric.weight_delta import (
+    CorruptVersion,
+    apply_payload_verified,
+    encode_delta,
+    encode_snapshot,
+    non_finite_tensors,
+    state_hash,
+)
 
 logger = logging.getLogger(__name__)
 # A receiver refuses any single weight payload (a snapshot or delta) announced as larger than this,
@@ -219,6 +226,9 @@ class RebuildingClient:
             built.append((version, state, payload, digest, kind))
         if version != want or digest != want_hash:
             raise CorruptVersion(f"holder {holder} sent version {version}, not {want} with the announced hash")
+        bad = non_finite_tensors(state)
+        if bad:  # signed and hashed, and still unusable: never load it
+            raise CorruptVersion(f"version {want} from {holder} holds non-finite weights ({', '.join(bad[:3])})")
         for v, s, payload, d, kind in built:  # only a fully verified chain is kept
             store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
                       snapshot=payload if kind == "snapshot" else None, owned=True)

@@ -48,6 +48,11 @@ def _from_bits(bits: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
     return raw.view(dtype).reshape(shape)
 
 
+def non_finite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of `state` that hold a NaN or an infinity."""
+    return [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
 def state_hash(state: Mapping[str, torch.Tensor]) -> str:
     """sha256 over names, dtypes, shapes and raw bytes, in name order."""
     h = hashlib.sha256()
