@@ -35,7 +35,7 @@ def delta_fractions(steps: int = 4) -> list[dict]:
         torch.manual_seed(0)
         model, tok = load_policy("embedded")
         backend = TransformersBackend(model, tok)
-        learner = LearnerCore(model, tok.pad_token_id, learning_rate=lr)
+        learner = LearnerCore(model, tok.pad_token_id, learning_rate=lr, lr_warmup_steps=0)  # the rate as labelled
         prev = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
         snapshot = len(encode_snapshot(prev, 0))
         sizes, changed = [], []

@@ -29,9 +29,13 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
     install_stop_signals(stop)
     run_dir = Path(config.run_dir or f"runs/bootstrap-{time.strftime('%Y%m%d-%H%M%S')}")
     identity = config.identity or default_identity_dir() / "bootstrap.p2p.key"
-    node = start_bootstrap(config.transport, run_id=config.run_id, host=config.host, port=config.port,
-                           identity_path=identity, initial_peers=config.peers)
     events = EventLog(run_dir)
+    try:
+        node = start_bootstrap(config.transport, run_id=config.run_id, host=config.host, port=config.port,
+                               identity_path=identity, initial_peers=config.peers)
+    except BaseException:
+        events.close()
+        raise
     try:
         addresses = node.addresses()
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,

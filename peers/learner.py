@@ -186,8 +186,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         server.close()
         intake.close()
         fabric.shutdown()
-    result = {"version": core.version, "used": totals["used"], "dropped": dict(intake.dropped), "run_dir": str(run_dir),
-              "refused": dict(inbox.stats.reasons), "banned": inbox.bans.banned()}
-    events.event("stopped", **result)
-    events.close()
+        result = {"version": core.version, "used": totals["used"], "dropped": dict(intake.dropped), "run_dir": str(run_dir),
+                  "refused": dict(inbox.stats.reasons), "banned": inbox.bans.banned(), "skipped_steps": totals["skipped_steps"]}
+        events.event("stopped", **result)
+        events.close()
     return result

@@ -126,13 +126,13 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                 echo(f"{sampler_id}: version {current} ({behind} behind), {rate:.1f} groups/s, {tokens_rate:.0f} tokens/s, "
                      f"{sent} accepted, refused {dict(refused) or 'none'}")
                 last_progress = now
+        result = {"sent": sent, "rounds": done, "version": current, "refused": dict(refused), "run_dir": str(run_dir)}
+        events.event("stopped", **result)
+        return result
     finally:
         follower.close()
         sender.close()
         server.close()
         scorer.close()
         fabric.shutdown()
-    result = {"sent": sent, "rounds": done, "version": current, "refused": dict(refused), "run_dir": str(run_dir)}
-    events.event("stopped", **result)
-    events.close()
-    return result
+        events.close()

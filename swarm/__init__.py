@@ -8,7 +8,7 @@ The project has three layers, and imports point down only (import-linter checks 
 
 The library, one concept per module:
 
-- config.py          - every setting and default: one pydantic model per role.
+- config/ (package)  - every setting and default: one pydantic model per role.
 - losses/ (package)  - the policy-loss registry: gepo, grpo, dr_grpo, bnpo, gspo, gmpo, topr, cispo,
                        plus the sampler-learner KL penalty; pure tensor functions.
 - advantages.py      - group-normalised advantages (std, no-std, Beta normalisation).

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,19 +26,26 @@ EVENTS_FILE = "events.jsonl"
 
 
 class JsonlLog:
-    """Appends one JSON object per line and flushes it, so readers see whole records at once."""
+    """Appends one JSON object per line and flushes it, so readers see whole records at once.
+    Thread-safe (a sampler's follower thread and its main loop share one log); closing twice, or
+    writing after closing, does nothing."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
+        self._lock = threading.Lock()
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps(record) + "\n"
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line)
+                self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
     def __enter__(self):
         return self

@@ -168,3 +168,11 @@ def test_one_warm_up_schedule_by_version():
 
     assert [warmup_factor(v, 4) for v in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert warmup_factor(0, 0) == 1.0
+
+
+def test_loss_tables_merge_field_by_field_across_the_file_and_the_command_line(tmp_path):
+    path = tmp_path / "swarm.toml"
+    path.write_text(f'peers = ["{PEER}"]\nloss = {{ name = "grpo", kl_coef = 0.2 }}\n[learner]\nloss = {{ eps_low = 0.3 }}\n')
+    config = resolve("learner", path, {"loss": {"epsilon": 0.25}})
+    # the [learner] table's loss adds to the top-level one; aliases inside the table are the fields'
+    assert (config.loss.name, config.loss.beta, config.loss.epsilon) == ("grpo", 0.2, 0.25)

@@ -1,4 +1,4 @@
-"""Command-line options generated from the role configs (swarm/config.py), so that an option's
+"""Command-line options generated from the role configs (swarm/config/), so that an option's
 name, choices, default and description live in one place; `--help` groups them (swarm, task,
 loss, optimizer, ...), and errors map to exit statuses the same way in every command:
 
@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 # option names kept short or singular where the field name reads badly on a command line
 OPTION_NAMES = {"learner_keys": "--learner-key", "max_age_s": "--max-age", "name": "--loss"}
+SHORT_NAMES = {"eval_samples": "-k"}  # pass@k's k, as `swarm eval -k 4` has always read
 GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "training", "generation", "sampler", "staleness", "evaluation",
                "output", "other")
 # Failures a user can fix by changing what they typed: exit 2 with the usage line.
@@ -92,15 +93,14 @@ def config_options(model: type[BaseModel]):
         for dest, name, field in reversed(_options_of(model)):
             kind, multiple = _click_type(field.annotation)
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-            names = [option_name(name)] + [option_name(a) for a in extra.get("aliases", ())]
+            names = [option_name(name)] + [option_name(a) for a in extra.get("aliases", ())] + \
+                ([SHORT_NAMES[name]] if name in SHORT_NAMES else [])
             default = field.get_default(call_default_factory=True)
             common = dict(default=default, help=field.description or "", group=extra.get("group", "other"),
                           show_default=default not in (None, []), cls=GroupedOption)
             param = dest.replace(".", "__")
-            if kind is bool and not default:
-                func = click.option(names[0], param, is_flag=True, **{**common, "show_default": False})(func)
-            elif kind is bool:
-                func = click.option(f"{names[0]}/--no-{name.replace('_', '-')}", param, **common)(func)
+            if kind is bool:  # both spellings: a config file's `resume: true` can be turned off here
+                func = click.option(f"{names[0]}/--no-{name.replace('_', '-')}", param, **{**common, "show_default": False})(func)
             else:
                 func = click.option(*names, param, type=kind, multiple=multiple, **common)(func)
         return click.option("--config", "config_file", type=click.Path(dir_okay=False), cls=GroupedOption, group="output",

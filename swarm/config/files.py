@@ -41,29 +41,44 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
         raise ValueError(f"config file {path} must hold a table of settings, not {type(data).__name__}")
     model = CONFIGS[role]
     # top-level keys are shared by every role that reads the file: each must be one of this role's
-    values = {k: v for k, v in data.items() if k not in ROLES}
+    shared = {k: v for k, v in data.items() if k not in ROLES}
     section = data.get(role, {})
     if not isinstance(section, dict):
         raise ValueError(f"config file {path}: [{role}] must be a table of settings")
-    values.update(section)
-    unknown = sorted(k for k in values if k not in field_names(model))
+    unknown = sorted(k for k in (*shared, *section) if k not in field_names(model))
     if unknown:
         raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
                          f"known: {', '.join(sorted(model.model_fields))}")
-    canonical = {alias: name for name in model.model_fields for alias in field_names_of(model, name)}
-    return {canonical.get(k, k): v for k, v in values.items()}  # `lr` at the top, `learning_rate` in [learner]: the table wins
+    return merge(canonical(model, shared), canonical(model, section))  # the role's table wins, field by field
+
+
+def canonical(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` under the fields' own names (aliases such as `lr` renamed), nested tables too; a
+    nested model given by name (the loss: "gepo") becomes its table ({"name": "gepo"})."""
+    out = {}
+    for key, value in values.items():
+        name = next((n for n in model.model_fields if key in field_names_of(model, n)), key)
+        nested = model.model_fields[name].annotation if name in model.model_fields else None
+        if isinstance(nested, type) and issubclass(nested, BaseModel):
+            value = canonical(nested, {"name": value} if isinstance(value, str) else value) if isinstance(value, (str, dict)) else value
+        out[name] = value
+    return out
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`; nested tables (the loss) are merged field by field."""
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
 
 
 def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:
-    """Defaults < config file < command line. Raises pydantic's ValidationError on bad values."""
+    """Defaults < config file < command line (nested tables field by field). Raises pydantic's
+    ValidationError on bad values."""
+    model = CONFIGS[role]
     values = read_config_file(config_file, role) if config_file else {}
-    for key, value in cli_values.items():
-        if isinstance(value, dict) and isinstance(values.get(key), (dict, str)):
-            base = values[key] if isinstance(values[key], dict) else {"name": values[key]}
-            values[key] = {**base, **value}  # a nested table (the loss): the command line wins field by field
-        else:
-            values[key] = value
-    return CONFIGS[role](**values)
+    return model(**merge(values, canonical(model, cli_values)))
 
 
 def write_config(config: BaseModel, path: Path) -> Path:

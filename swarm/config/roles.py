@@ -117,7 +117,8 @@ class BootstrapConfig(Settings):
     identity: Optional[Path] = setting(None, group="swarm", help="libp2p key file: keeps the peer id across restarts "
                                                                  "(unset: ~/.cache/gepo-swarm/identity/bootstrap.p2p.key)")
     run_dir: Optional[Path] = setting(None, group="output", help="ready file and status records (unset: runs/bootstrap-TIME)")
-    status_every_s: float = setting(60.0, group="output", gt=0, help="seconds between status lines and records")
+    status_every_s: float = setting(60.0, group="output", aliases=("status_every",), gt=0,
+                                    help="seconds between status lines and records")
 
     @model_validator(mode="after")
     def _peers_fit_transport(self):

@@ -131,7 +131,7 @@ class TrainingSettings(Settings):
     max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
     steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
     groups_per_step: int = setting(
-        32, group="training", ge=1,
+        32, group="training", aliases=("prompts_per_step",), ge=1,
         help="rollout groups (prompts, each with its num_generations completions) per optimizer step (the swarm "
              "learner steps on fewer when --wait-s passes without them); counted in groups, not completions as TRL's "
              "batch size is, since GEPO's expectation needs whole groups")

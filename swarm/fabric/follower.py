@@ -108,7 +108,10 @@ class VersionFollower:
                             for v in self.store.states:
                                 self.ready_at.setdefault(v, ready)
                         if self.on_fetch:
-                            self.on_fetch(fetched)
+                            try:
+                                self.on_fetch(fetched)
+                            except Exception as exc:  # noqa: BLE001  reporting must never stop the following
+                                logger.warning("reporting version %d failed: %s", fetched.version, exc)
                         continue  # look again at once: the learner may be further ahead already
             self.stop.wait(self.poll_s)
 

@@ -2,7 +2,7 @@
 
 - base.py            - LossInputs / LossOutputs, reductions, normalisers, PPO clip helper.
 - registry.py        - `register_loss`, `LOSSES`, `compute_loss` (the dispatch point); the loss
-                       settings (`LossConfig`) live with every other setting in swarm/config.py.
+                       settings (`LossConfig`) live with every other setting in swarm/config/.
 - kl.py              - k3 sampler-learner KL penalty and the KL(sampler || learner) metric.
 - token_level.py     - grpo, dr_grpo, bnpo, cispo.
 - sequence_level.py  - gspo, gmpo, topr.
