@@ -4,10 +4,13 @@ time each completion may take.
 A reward function is `fn(completion: str, answer: str) -> float | None`; None means "could not be
 scored" (the completion is then kept out of its group's baseline, see advantages.py), never a crash.
 
-math-verify bounds its own work with `signal.alarm`, which works only in a process's main thread.
-The scorer therefore disables math-verify's timeouts and applies its own per-completion alarm when
-called on the main thread, and off the main thread (a sampler's worker thread, an asyncio executor)
-sends the batch to a helper process whose main thread does the same.
+Scoring runs in a worker process of the scorer's own, never in the caller's: a completion can
+send math-verify into one C-level operation no alarm interrupts (`\\boxed{9^{9^{9}}}` is 17
+characters), and a learner scores what samplers send. Inside the worker each completion gets an
+alarm of `timeout_s` (math-verify's own timeouts are off: they use the same signal); when the
+worker has not answered `timeout_s` + `KILL_GRACE_S` after it started a completion, it is killed,
+that completion scores None, and a fresh worker scores the rest. The caller never waits longer
+than that per completion, from any thread.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import logging
 import re
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Callable, Sequence
@@ -32,6 +33,11 @@ RewardFn = Callable[[str, str], "float | None"]
 # Only the tail of a completion is parsed: the answer is at the end, and a bounded input keeps a
 # pathological completion from costing unbounded parsing time even before the alarm fires.
 MAX_PARSE_CHARS = 4000
+# Beyond a completion's own alarm, how long the worker may take before it is killed (seconds): the
+# alarm itself, the pipe, a loaded machine.
+KILL_GRACE_S = 1.0
+# A new worker's start (a fresh interpreter importing math-verify) is bounded separately.
+WORKER_START_S = 60.0
 
 
 class RewardTimeout(Exception):
@@ -113,29 +119,80 @@ def _alarm(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _score_in_main_thread(
-    rewards: Sequence[tuple[str, float]], completions: Sequence[str], answers: Sequence[str], timeout_s: float
-) -> list[float | None]:
+def score_one(fns, completion: str, answer: str, timeout_s: float) -> float | None:
+    total: float | None = 0.0
+    try:
+        with _alarm(timeout_s):
+            for fn, weight in fns:
+                value = fn(completion, answer)
+                if value is None:
+                    return None
+                total += weight * float(value)
+    except RewardTimeout:
+        logger.warning("reward timed out after %.1f s on a completion of %d chars", timeout_s, len(completion))
+        return None
+    except Exception as exc:  # noqa: BLE001  an unscorable completion must not crash a peer
+        logger.warning("reward failed on a completion (%s: %s); scored as missing", type(exc).__name__, exc)
+        return None
+    return total
+
+
+def _worker_main(read_fd: int, write_fd: int) -> None:
+    """The worker process (`python -m swarm.rewards READ_FD WRITE_FD`): gets its rewards and
+    timeout, says "ready" once they are imported, then scores each batch it receives, one answer
+    per completion, as it goes. Only its parent talks to it, over inherited pipes."""
+    from multiprocessing.connection import Connection
+
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    rewards, timeout_s = inbox.recv()
     fns = [(resolve_reward(name), weight) for name, weight in rewards]
-    out: list[float | None] = []
-    for completion, answer in zip(completions, answers):
-        total: float | None = 0.0
+    outbox.send("ready")
+    while True:
         try:
-            with _alarm(timeout_s):
-                for fn, weight in fns:
-                    value = fn(completion, answer)
-                    if value is None:
-                        total = None
-                        break
-                    total += weight * float(value)
-        except RewardTimeout:
-            logger.warning("reward timed out after %.1f s on a completion of %d chars", timeout_s, len(completion))
-            total = None
-        except Exception as exc:  # noqa: BLE001  an unscorable completion must not crash a peer
-            logger.warning("reward failed on a completion (%s: %s); scored as missing", type(exc).__name__, exc)
-            total = None
-        out.append(total)
-    return out
+            batch = inbox.recv()
+        except EOFError:  # the parent closed the pipe or died
+            return
+        for completion, answer in batch:
+            outbox.send(score_one(fns, completion, answer, timeout_s))
+
+
+class _Worker:
+    """A scoring process started with `python -m swarm.rewards`: a fresh interpreter, so nothing of
+    the caller (its threads, its __main__) is forked or re-run."""
+
+    def __init__(self, rewards: Sequence[tuple[str, float]], timeout_s: float) -> None:
+        import os
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+
+        child_read, parent_write = os.pipe()
+        parent_read, child_write = os.pipe()
+        # the child imports what the parent can (a reward given as a dotted path in the caller's code)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self.process = subprocess.Popen([sys.executable, "-m", "swarm.rewards", str(child_read), str(child_write)],
+                                        pass_fds=(child_read, child_write), env=env, stdin=subprocess.DEVNULL)
+        os.close(child_read)
+        os.close(child_write)
+        self.conn = Connection(parent_read, writable=False)
+        self._send = Connection(parent_write, readable=False)
+        try:
+            self._send.send((tuple(rewards), timeout_s))
+            ready = self.conn.poll(WORKER_START_S) and self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise RuntimeError(f"the reward worker did not start within {WORKER_START_S:.0f} s (exit status {self.process.poll()})")
+
+    def send(self, batch: list[tuple[str, str]]) -> None:
+        self._send.send(batch)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(5)
+        self.conn.close()
+        self._send.close()
 
 
 class RewardScorer:
@@ -152,44 +209,50 @@ class RewardScorer:
             resolve_reward(name)  # fail now, with the name, not mid-run
         self.rewards = tuple((name, float(weight)) for name, weight in rewards)
         self.timeout_s = timeout_s
-        self._pool: ProcessPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        self.killed = 0  # workers killed for running past a completion's deadline
+        self._worker: _Worker | None = None
+        self._lock = threading.Lock()  # one batch at a time through the worker
 
     def score(self, completions: Sequence[str], answers: Sequence[str]) -> list[float | None]:
+        """One score per completion (None: could not be scored in time, or at all)."""
         if len(completions) != len(answers):
             raise ValueError(f"{len(completions)} completions but {len(answers)} answers")
-        if threading.current_thread() is threading.main_thread():
-            return _score_in_main_thread(self.rewards, completions, answers, self.timeout_s)
-        return self._score_in_helper_process(list(completions), list(answers))
-
-    def _score_in_helper_process(self, completions: list[str], answers: list[str]) -> list[float | None]:
-        with self._pool_lock:
-            if self._pool is None:
-                import multiprocessing
-
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            pool = self._pool
-        future = pool.submit(_score_in_main_thread, self.rewards, completions, answers, self.timeout_s)
-        # the helper applies the per-completion alarm; this outer bound only catches a dead helper
-        # (+30 s: the first call also pays for starting the helper and importing math-verify)
-        try:
-            return future.result(timeout=self.timeout_s * len(completions) + 30)
-        except (FutureTimeout, Exception) as exc:  # noqa: BLE001
-            logger.warning("reward helper process failed (%s); this batch is scored as missing", exc)
-            self.close()
-            return [None] * len(completions)
+        items = list(zip(map(str, completions), map(str, answers)))
+        out: list[float | None] = []
+        with self._lock:
+            while len(out) < len(items):
+                pending = items[len(out):]
+                if self._worker is None:
+                    self._worker = _Worker(self.rewards, self.timeout_s)
+                worker = self._worker
+                worker.send(pending)
+                for completion, _ in pending:
+                    if worker.conn.poll(self.timeout_s + KILL_GRACE_S):
+                        out.append(worker.conn.recv())
+                        continue
+                    logger.warning("reward worker stuck on a completion of %d chars for %.1f s; killed, scored as missing",
+                                   len(completion), self.timeout_s + KILL_GRACE_S)
+                    worker.kill()
+                    self._worker = None
+                    self.killed += 1
+                    out.append(None)
+                    break
+        return out
 
     def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                # kill first: a helper stuck in a reward would otherwise outlive the scorer
-                for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
-                    proc.kill()
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+        with self._lock:
+            if self._worker is not None:
+                self._worker.kill()
+                self._worker = None
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+if __name__ == "__main__":  # the worker process of a RewardScorer
+    import sys
+
+    _worker_main(int(sys.argv[1]), int(sys.argv[2]))

@@ -91,3 +91,42 @@ def test_unknown_and_bad_reward_names_are_named():
         RewardScorer([("nope.module:fn", 1.0)])
     with pytest.raises(ValueError, match="2 completions but 1 answers"):
         RewardScorer().score(["a", "b"], ["1"])
+
+
+def stalling_reward(completion: str, answer: str) -> float:
+    """Stands for math-verify stuck in one C-level operation: ignores SIGALRM, as such a call does."""
+    import signal
+    import time as clock
+
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    if "9^{9^{9}}" in completion:
+        clock.sleep(3600)
+    return 1.0
+
+
+def test_a_completion_that_stalls_the_scorer_is_killed_and_the_rest_are_scored():
+    from swarm.rewards import KILL_GRACE_S
+
+    scorer = RewardScorer([(f"{__name__}:stalling_reward", 1.0)], timeout_s=0.5)
+    try:
+        scorer.score(["warm"], ["1"])  # the worker's start is not part of the deadline
+        started = time.time()
+        out = scorer.score(["\\boxed{1}", "\\boxed{9^{9^{9}}}", "\\boxed{2}"], ["1", "1", "1"])
+        elapsed = time.time() - started
+        assert out == [1.0, None, 1.0] and scorer.killed == 1
+        assert elapsed < 0.5 + KILL_GRACE_S + 30  # bounded by the deadline and a worker's restart, not by the stall
+        assert scorer.score(["\\boxed{3}"], ["1"]) == [1.0]  # the fresh worker goes on
+    finally:
+        scorer.close()
+
+
+def test_real_math_verify_on_a_tower_of_powers_is_bounded():
+    """The 17 characters that stalled the learner for hours (issue 18)."""
+    scorer = RewardScorer(timeout_s=1.0)
+    try:
+        started = time.time()
+        out = scorer.score(["\\boxed{9^{9^{9}}}", "\\boxed{42}"], ["3", "42"])
+        assert out[1] == 1.0 and out[0] in (None, 0.0)
+        assert time.time() - started < 60
+    finally:
+        scorer.close()

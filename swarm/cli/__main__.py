@@ -2,4 +2,5 @@
 
 from swarm.cli.app import main
 
-main()
+if __name__ == "__main__":  # not when a child process re-imports this module
+    main()
