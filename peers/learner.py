@@ -1,7 +1,8 @@
 """The learner peer: gathers rollout groups from samplers, checks them (swarm.intake), steps the
 policy (swarm.training), and publishes each new version (signed announcement + weights served to
 any peer that asks). In its run directory: ready.json once it has joined (peer id, addresses,
-`--learner-key`), steps.jsonl (one record per step), events.jsonl, config.yaml and checkpoints.
+`--learner-key`; also alone in learner.key), steps.jsonl (one record per step), events.jsonl, config.yaml and
+checkpoints.
 
 Versions never go backwards: every published version is recorded in `published.json` before it is
 announced, and a resumed learner continues after the newest of that, its checkpoint and the
@@ -102,6 +103,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                          max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
                          temperature=config.temperature)
     learner_key = encode_learner_key(fabric.public_key)
+    (run_dir / "learner.key").write_text(learner_key + "\n")  # for `swarm sampler --learner-key-file`
     write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
                 addresses=fabric.addresses(), learner_key=learner_key)
     echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
@@ -130,9 +132,14 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         heartbeat()
 
     def checkpoint() -> None:
-        path = save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=core.version,
-                               digest=store.hashes[core.version], config=json.loads(config.model_dump_json()),
-                               keep=config.keep_checkpoints)
+        try:
+            path = save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=core.version,
+                                   digest=store.hashes[core.version], config=json.loads(config.model_dump_json()),
+                                   keep=config.keep_checkpoints)
+        except OSError as exc:  # a full disk: say so, train on in memory, try again at the next checkpoint
+            events.event("checkpoint_failed", version=core.version, error=str(exc))
+            echo(f"warning: checkpoint of version {core.version} failed ({exc}); training goes on, the next checkpoint retries")
+            return
         events.event("checkpoint", version=core.version, path=str(path))
         echo(f"checkpoint: {path}")
 

@@ -36,14 +36,21 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         procs.append(spawn("bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(tmp_path / "boot.key"),
                            "--status-every-s", "1", "--run-dir", str(tmp_path / "boot"), log=log))
         addr = ready(tmp_path / "boot", procs[0])["addresses"][0]
+        # a checkpoint that cannot be written (here `checkpoints` is a file; a full disk alike) is
+        # reported and training goes on
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "checkpoints").write_text("")
         procs.append(spawn("learner", "--peers", addr, "--steps", "6", "--groups-per-step", "2", "--run-dir",
-                           str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), log=log))
+                           str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), "--checkpoint-every", "3",
+                           log=log))
         key = ready(tmp_path / "run", procs[1])["learner_key"]
+        assert (tmp_path / "run" / "learner.key").read_text().strip() == key
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)
         assert status.returncode == 0, status.stderr[-2000:]
         report = json.loads(status.stdout)
         assert report["learner_version"] == 0 and [p["role"] for p in report["peers"]] == ["learner"]
-        procs.append(spawn("sampler", "--peers", addr, "--learner-key", key, "--prompts-per-round", "2", "--num-generations", "4",
+        procs.append(spawn("sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "run" / "learner.key"),
+                           "--prompts-per-round", "2", "--num-generations", "4",
                            "--identity-dir", str(tmp_path / "sampler"), "--run-dir", str(tmp_path / "sampler-run"),
                            "--progress-every-s", "1", log=log))
         assert procs[1].wait(timeout=300) == 0, (tmp_path / "peers.log").read_text()[-3000:]
@@ -59,6 +66,7 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         assert all(s["learning_rate"] > 0 for s in steps)
         learner_events = read_jsonl(tmp_path / "run" / "events.jsonl")
         assert learner_events[-1]["event"] == "stopped" and learner_events[-1]["version"] == 6
+        assert [e["version"] for e in learner_events if e["event"] == "checkpoint_failed"] == [3, 6, 6]  # every 3, at exit
         sampler_events = read_jsonl(events)
         used = [e["version"] for e in sampler_events if e["event"] == "version_used"]
         assert used and max(used) >= 1, sampler_events[-5:]  # followed the learner
@@ -98,15 +106,43 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
         (["learner", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry at 127.0.0.1:9", 1),
         (["learner", "--peers", DEAD, "--transport", "grpc"], "with --transport grpc pass the registry's HOST:PORT", 2),
         (["status", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry", 1),
+        (["bootstrap", "--host", "localhost"], "'localhost' is not an IP address to listen on", 2),
+        (["bootstrap", "--host", "127.0.0.1", "--port", "{busy}"], "Is the port in use?", 1),
+        (["bootstrap", "--transport", "grpc", "--host", "127.0.0.1", "--port", "{busy}"], "is the port in use?", 1),
+        (["learner", "--peers", "{registry}", "--transport", "grpc", "--port", "{busy}"], "is the port in use?", 1),
+        (["learner", "--peers", DEAD, "--run-dir", "{file}"], "is a file, not a directory", 2),
+        (["sampler", "--peers", DEAD, "--learner-key-file", "missing.key"], "--learner-key-file missing.key", 2),
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--backend", "vllm"],
+         "the vllm backend needs the optional extra", 1),
     ],
 )
 def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
-    """Bad input is a usage error (exit 2); a swarm that cannot be reached, a failure (exit 1)."""
+    """Bad input is a usage error (exit 2); a swarm that cannot be reached, a port in use or a
+    missing optional extra, a failure (exit 1): one line each, never a traceback."""
+    import socket
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    registry = None
+    if "{registry}" in args:
+        from swarm.fabric.grpc_registry import GrpcBootstrap
+
+        registry = GrpcBootstrap("swarm", host="127.0.0.1", port=0)
+    (tmp_path / "a-file").write_text("")
+    names = {"{busy}": str(busy.getsockname()[1]), "{file}": str(tmp_path / "a-file"),
+             "{registry}": registry.addresses()[0] if registry else ""}
+    args = [names.get(a, a) for a in args]
     started = time.time()
     extra = ["--identity-dir", str(tmp_path)] if args[0] in ("learner", "sampler") and args[1:] else []
-    extra += ["--run-dir", str(tmp_path / "run")] if args[0] in ("learner", "sampler") and args[1:] else []
-    out = subprocess.run([*SWARM, *args, *extra],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    if args[0] != "status" and "--run-dir" not in args and args[1:]:
+        extra += ["--run-dir", str(tmp_path / "run")]
+    try:
+        out = subprocess.run([*SWARM, *args, *extra], capture_output=True, text=True, env=ENV, timeout=120)
+    finally:
+        busy.close()
+        if registry is not None:
+            registry.shutdown()
     assert out.returncode == status, out.stderr[-2000:]
     assert message in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr

@@ -22,7 +22,7 @@ def eval_command(config_file, as_json, **options):
     from swarm.evaluation import evaluate
 
     config = config_from_options("eval", config_file, options)
-    with user_errors():
+    with user_errors(OSError, ImportError):  # an unreadable file, a missing optional extra (--backend vllm)
         result = evaluate(
             config.model, config.task, split=config.split, limit=config.eval_problems, samples=config.eval_samples,
             temperature=config.temperature, max_completion_length=config.max_completion_length, greedy=config.greedy,

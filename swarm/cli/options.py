@@ -55,14 +55,16 @@ class GroupedCommand(click.Command):
 
 
 def _click_type(annotation):
-    """(click type, multiple) for a field annotation: T, Optional[T], Literal[...] or list[T]."""
+    """(click type, multiple) for a field annotation: T, Optional[T], Annotated[T, ...], Literal[...] or list[T]."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _click_type(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) is list:
         return _click_type(typing.get_args(annotation)[0])[0], True
     if typing.get_origin(annotation) is typing.Literal:
         return click.Choice([str(a) for a in typing.get_args(annotation)]), False
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     base = args[0] if args else annotation
-    if typing.get_origin(base) is typing.Literal:
+    if typing.get_origin(base) in (typing.Literal, typing.Annotated):
         return _click_type(base)
     return {int: click.INT, float: click.FLOAT, str: click.STRING, Path: click.Path(), bool: bool}.get(base, click.STRING), False
 

@@ -14,9 +14,11 @@ from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConf
 
 
 def _join_failures() -> tuple[type[BaseException], ...]:
+    """What makes a peer fail while starting or running, reported in one line (exit status 1): the
+    swarm cannot be reached, a port is taken, an optional extra is missing."""
     from swarm.fabric.interface import JoinError
 
-    return (JoinError, TimeoutError)
+    return (JoinError, TimeoutError, OSError, ImportError)
 
 
 @click.command("bootstrap", cls=GroupedCommand)

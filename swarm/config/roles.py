@@ -12,6 +12,8 @@ from swarm.config.base import Settings, aliased, same_as, setting
 from swarm.config.settings import (
     GENERATION_BACKENDS,
     TRANSPORTS,
+    Directory,
+    ListenHost,
     EvalSettings,
     GenerationSettings,
     LossConfig,
@@ -35,7 +37,7 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
                                  help="the run's sampling temperature: groups sampled at another are refused")
     max_age_s: float = setting(1800.0, group="training", gt=0, help="groups older than this many seconds are dropped")
     wait_s: float = setting(120.0, group="training", gt=0, help="say so when no rollouts arrive for this many seconds")
-    run_dir: Optional[Path] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")
+    run_dir: Optional[Directory] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")
     checkpoint_every: int = setting(10, group="output", ge=0, help="steps between checkpoints (0: only at exit)")
     keep_checkpoints: int = setting(3, group="output", ge=1, help="how many recent checkpoints to keep")
     resume: bool = setting(False, group="output", help="continue from the last checkpoint in --run-dir")
@@ -47,8 +49,10 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
 class SamplerConfig(SwarmSettings, TaskSettings, GenerationSettings):
     """`swarm sampler`: generates and scores rollouts with the newest version it may use."""
 
-    learner_keys: list[str] = setting(list, group="swarm", validate_default=True,
+    learner_keys: list[str] = setting(list, group="swarm",
                                       help="the key a learner prints (repeatable); only its versions are used")
+    learner_key_file: Optional[Path] = setting(None, group="swarm",
+                                               help="a file holding a learner's key (the learner writes RUN_DIR/learner.key)")
     sampler_id: Optional[str] = setting(None, group="sampler", help="name in logs and rollouts (unset: sampler-PID)")
     prompts_per_round: int = setting(8, group="sampler", ge=1, help="prompts per generation round")
     rounds: Optional[int] = setting(None, group="sampler", ge=1, help="stop after this many rounds (unset: until stopped)")
@@ -62,19 +66,26 @@ class SamplerConfig(SwarmSettings, TaskSettings, GenerationSettings):
                                 help="latency simulation: seconds before using a new version: none | fixed:S | uniform:S | "
                                      "lognormal:LO,HI (the paper: 60,1920)")
     lag_steps: int = setting(0, group="sampler", ge=0, help="latency simulation: generate with a version at least this many steps old")
-    run_dir: Optional[Path] = setting(None, group="output", help="metrics and events (unset: runs/SAMPLER_ID-TIME)")
+    run_dir: Optional[Directory] = setting(None, group="output", help="metrics and events (unset: runs/SAMPLER_ID-TIME)")
     progress_every_s: float = setting(10.0, group="output", gt=0, help="seconds between progress lines and metrics records")
 
-    @field_validator("learner_keys")
-    @classmethod
-    def _need_keys(cls, keys: list[str]) -> list[str]:
-        if not keys:
-            raise ValueError("no --learner-key given: pass the key the learner prints at start-up (only its versions are used)")
+    @model_validator(mode="after")
+    def _need_keys(self):
         from swarm.fabric.identity import decode_learner_key
 
+        keys = list(self.learner_keys)
+        if self.learner_key_file is not None:
+            try:
+                keys.append(Path(self.learner_key_file).read_text().strip())
+            except OSError as exc:
+                raise ValueError(f"--learner-key-file {self.learner_key_file}: {exc.strerror}") from None
+        if not keys:
+            raise ValueError("no --learner-key given: pass the key the learner prints at start-up (only its versions "
+                             "are used), or --learner-key-file with the learner's RUN_DIR/learner.key")
         for key in keys:
             decode_learner_key(key)
-        return keys
+        self.learner_keys = list(dict.fromkeys(keys))  # a config.yaml read back holds the file's key already
+        return self
 
     @field_validator("pickup_delay")
     @classmethod
@@ -109,14 +120,14 @@ class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSett
 class BootstrapConfig(Settings):
     """`swarm bootstrap`: the node peers join through. It holds no model."""
 
-    host: str = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")
+    host: ListenHost = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")
     port: int = setting(31337, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
     transport: Literal[TRANSPORTS] = same_as(SwarmSettings, "transport")  # type: ignore[valid-type]
     peers: list[str] = setting(list, group="swarm", help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
     run_id: str = same_as(SwarmSettings, "run_id")
     identity: Optional[Path] = setting(None, group="swarm", help="libp2p key file: keeps the peer id across restarts "
                                                                  "(unset: ~/.cache/gepo-swarm/identity/bootstrap.p2p.key)")
-    run_dir: Optional[Path] = setting(None, group="output", help="ready file and status records (unset: runs/bootstrap-TIME)")
+    run_dir: Optional[Directory] = setting(None, group="output", help="ready file and status records (unset: runs/bootstrap-TIME)")
     status_every_s: float = setting(60.0, group="output", aliases=("status_every",), gt=0,
                                     help="seconds between status lines and records")
 
@@ -148,7 +159,7 @@ class DemoConfig(TrainerConfig):
     pickup_delay: str = same_as(SamplerConfig, "pickup_delay")
     in_process: bool = setting(False, group="staleness", help="train in this one process instead (no network; --delay "
                                                               "simulates staleness)")
-    run_dir: Optional[Path] = setting(None, group="output", help="where logs, checkpoints and the plot go (unset: runs/demo-TIME)")
+    run_dir: Optional[Directory] = setting(None, group="output", help="where logs, checkpoints and the plot go (unset: runs/demo-TIME)")
 
     _delay_of_pickup = field_validator("pickup_delay")(SamplerConfig._delay.__func__)
 

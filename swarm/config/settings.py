@@ -3,10 +3,11 @@ as peer addresses. Every default of these settings is written here, once."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Annotated, Literal, Optional, Sequence
 
-from pydantic import field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 
 from swarm.config.base import Settings, setting
 
@@ -15,6 +16,27 @@ GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend 
 # The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
 # so that option choices and config validation need no torch import.
 LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo")
+
+
+def check_listen_host(host: str) -> str:
+    """A host to listen on must be an IP address literal (the swarm's addresses are built from it)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{host!r} is not an IP address to listen on; use one of this machine's addresses, "
+                         "0.0.0.0 (every IPv4 interface) or 127.0.0.1") from None
+    return host
+
+
+def check_directory(path: Path) -> Path:
+    """A directory a peer will write to must not be an existing file."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is a file, not a directory; choose a directory (it is made if missing)")
+    return path
+
+
+ListenHost = Annotated[str, AfterValidator(check_listen_host)]
+Directory = Annotated[Path, AfterValidator(check_directory)]
 
 
 def check_peers(transport: str, peers: Sequence[str]) -> None:
@@ -85,9 +107,9 @@ class SwarmSettings(Settings):
                                              help="hivemind (libp2p), or grpc where libp2p cannot run")
     run_id: str = setting("swarm", group="swarm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",
                           help="the run to join")
-    identity_dir: Optional[Path] = setting(None, group="swarm",
+    identity_dir: Optional[Directory] = setting(None, group="swarm",
                                            help="where this peer's keys live (unset: ~/.cache/gepo-swarm/identity)")
-    host: str = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface); over gRPC also "
+    host: ListenHost = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface); over gRPC also "
                                                          "the address other peers are told, so give one they can reach")
     port: int = setting(0, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
     heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")

@@ -58,7 +58,9 @@ def start_dht(
                 f"could not join the swarm through {', '.join(initial_peers)}: {exc}. "
                 "Check that the address is right and the bootstrap node is running and reachable"
             ) from exc
-        raise
+        # alone, the node can only fail to start: most often its port is taken
+        raise OSError(f"could not start a DHT node listening on {', '.join(host_maddrs)}: {exc}. "
+                      "Is the port in use? Choose another --port, or 0 for any free one") from exc
     return dht, signature
 
 

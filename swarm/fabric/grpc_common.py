@@ -51,7 +51,10 @@ def new_server(workers: int = 64, limit: int = MESSAGE_LIMIT):
 
 
 def bind(server, host: str, port: int) -> int:
-    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    try:  # grpc returns 0 on a failed bind in older versions and raises RuntimeError in newer ones
+        bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
     if not bound:
         raise OSError(f"could not listen on {host}:{port}; is the port in use?")
     return bound
