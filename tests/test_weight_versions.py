@@ -67,7 +67,8 @@ def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
     """The volunteer tries to announce under the learner's key (it cannot sign for it)."""
     from swarm.fabric.records import VersionAnnouncement
 
-    value = VersionAnnouncement(version=version, hash="0" * 64, peer_id=volunteer.fabric.peer_id, time=0.0).dict()
+    value = VersionAnnouncement(run_id=volunteer.fabric.run_id, version=version, hash="0" * 64, peer_id=volunteer.fabric.peer_id,
+                                time=0.0).dict()
     if volunteer.fabric.transport == "grpc":
         from swarm.fabric.grpc_common import pack
 

@@ -258,7 +258,8 @@ class GrpcFabric:
     def announce(self, version: int, digest: str) -> bool:
         from swarm.fabric.records import VersionAnnouncement
 
-        payload = pack(VersionAnnouncement(version=version, hash=digest, peer_id=self.peer_id, time=time.time()).dict())
+        payload = pack(VersionAnnouncement(run_id=self.run_id, version=version, hash=digest, peer_id=self.peer_id,
+                                           time=time.time()).dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))
@@ -266,12 +267,13 @@ class GrpcFabric:
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement under `learner_keys`, each signature checked here again (the
         registry is not trusted with the learners' authority)."""
-        items = []
-        for item in self._call("Versions", {"run_id": self.run_id})["versions"]:
+        items, learner_keys = [], list(learner_keys)
+        # asking for the keys we follow keeps the reply small however many other keys announce
+        for item in self._call("Versions", {"run_id": self.run_id, "owners": learner_keys})["versions"]:
             owner, payload = bytes(item["owner"]), bytes(item["payload"])
             if verify_owner_signature(owner, payload, bytes(item["signature"])):
                 items.append((owner, unpack(payload)))
-        return newest_authorised(items, learner_keys)
+        return newest_authorised(items, learner_keys, self.run_id)
 
     def rollout_inbox(self, **options):
         return GrpcRolloutInbox(self.server, **options)

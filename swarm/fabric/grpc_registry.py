@@ -3,12 +3,15 @@ version announcements per run, in memory, with expiry; see grpc_common.py for th
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
 from dataclasses import dataclass
 
 from swarm.fabric.grpc_common import REGISTRY_REQUEST_LIMIT, SERVICE, bind, new_server, pack, unpack, verify_owner_signature
+
+MAX_OWNERS_ASKED = 16  # learner keys one Versions request may name
 
 
 
@@ -30,6 +33,16 @@ class Registry:
         self.versions: dict[str, dict[bytes, _Entry]] = {}
         self.lock = threading.Lock()
 
+    def _expiry(self, value) -> float:
+        """Seconds a record lives: finite and positive (a NaN expiry would never pass), at most max_expiry_s."""
+        try:
+            expiry = float(value)
+        except (TypeError, ValueError):
+            expiry = math.nan
+        if not math.isfinite(expiry) or expiry <= 0:
+            raise ValueError(f"expiry {value!r} must be a finite number of seconds > 0")
+        return min(expiry, self.max_expiry_s)
+
     def _live(self, table: dict) -> dict:
         now = self.clock()
         for key in [k for k, e in table.items() if e.expires_at <= now]:
@@ -42,7 +55,7 @@ class Registry:
         try:
             run_id, peer_id, token = str(request["run_id"]), str(request["peer_id"]), request.get("token") or ""
             record = MemberRecord.parse_obj(request["record"])
-            expiry = min(float(request["expiry_s"]), self.max_expiry_s)
+            expiry = self._expiry(request["expiry_s"])
         except Exception as exc:  # noqa: BLE001  anything malformed is refused with the reason
             return {"ok": False, "reason": f"malformed record: {exc}"}
         if record.peer_id != peer_id:
@@ -67,9 +80,11 @@ class Registry:
         try:
             run_id, owner, payload, signature = str(request["run_id"]), bytes(request["owner"]), bytes(request["payload"]), bytes(request["signature"])
             announcement = VersionAnnouncement.parse_obj(unpack(payload))
-            expiry = min(float(request.get("expiry_s", 60.0)), self.max_expiry_s)
+            expiry = self._expiry(request.get("expiry_s", 60.0))
         except Exception as exc:  # noqa: BLE001
             return {"ok": False, "reason": f"malformed announcement: {exc}"}
+        if announcement.run_id != run_id:
+            return {"ok": False, "reason": f"the announcement is for run {announcement.run_id!r}, not {run_id!r}"}
         if not verify_owner_signature(owner, payload, signature):
             return {"ok": False, "reason": "the announcement is not signed by the key it names"}
         with self.lock:
@@ -81,9 +96,14 @@ class Registry:
         return {"ok": True}
 
     def list_versions(self, request: dict, context=None) -> dict:
+        """The run's announcements; only those of `owners` when the request names them (a sampler
+        names its learner keys, so announcements under other keys cannot swell its reply)."""
+        owners = request.get("owners")
+        wanted = {bytes(o) for o in owners[:MAX_OWNERS_ASKED] if isinstance(o, bytes)} if isinstance(owners, list) else None
         with self.lock:
             table = self._live(self.versions.get(str(request.get("run_id")), {}))
-            return {"versions": [{"owner": k, "payload": e.payload, "signature": e.signature} for k, e in table.items()]}
+            return {"versions": [{"owner": k, "payload": e.payload, "signature": e.signature} for k, e in table.items()
+                                 if wanted is None or k in wanted]}
 
     def counts(self, run_id: str) -> dict:
         with self.lock:

@@ -35,8 +35,10 @@ class MemberRecord(BaseModel):
 
 
 class VersionAnnouncement(BaseModel):
-    """A learner's announcement of its newest published policy version."""
+    """A learner's announcement of its newest published policy version. It names its run: a
+    learner keeps its key across runs, and a signed announcement of run A must not count in run B."""
 
+    run_id: constr(min_length=1, max_length=64, strict=True)
     version: conint(ge=0, strict=True)
     hash: constr(regex=r"^[0-9a-f]{64}$", strict=True)  # state_hash of the published weights
     peer_id: constr(min_length=1, max_length=128, strict=True)  # where to fetch it first

@@ -83,7 +83,8 @@ def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: s
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
-    value = VersionAnnouncement(version=version, hash=digest, peer_id=dht.peer_id.to_base58(), time=float(now)).dict()
+    value = VersionAnnouncement(run_id=run_id, version=version, hash=digest, peer_id=dht.peer_id.to_base58(),
+                                time=float(now)).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
@@ -92,11 +93,12 @@ def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announc
     found = dht.get(versions_key(run_id), latest=True)
     if found is None or not isinstance(found.value, dict):
         return None
-    return newest_authorised(((subkey, item.value) for subkey, item in found.value.items()), learner_keys)
+    return newest_authorised(((subkey, item.value) for subkey, item in found.value.items()), learner_keys, run_id)
 
 
-def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterable[bytes]) -> Announced | None:
-    """Of (owner key, announcement) pairs, the newest well-formed one whose owner is a learner key."""
+def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterable[bytes], run_id: str) -> Announced | None:
+    """Of (owner key, announcement) pairs, the newest well-formed one of `run_id` whose owner is a
+    learner key."""
     allowed = set(learner_keys)
     best = None
     for owner, value in items:
@@ -106,6 +108,9 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
         try:
             ann = VersionAnnouncement.parse_obj(value)
         except Exception:  # noqa: BLE001
+            continue
+        if ann.run_id != run_id:
+            logger.debug("ignoring an announcement of run %r", ann.run_id)
             continue
         if best is None or ann.version > best.version:
             best = Announced(ann.version, ann.hash, ann.peer_id)
