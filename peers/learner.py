@@ -14,6 +14,7 @@ holding the lost versions see a newer version and fetch it in full.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -28,8 +29,9 @@ def published_version(run_dir: Path) -> int | None:
         return None
 
 
-def prepare_run_dir(config: LearnerConfig) -> tuple[Path, object]:
-    """(run_dir, checkpoint to resume from or None); refuses to mix a fresh run into an old one."""
+def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
+    """(run_dir, checkpoint to resume from or None); refuses to mix a fresh run into an old one.
+    Makes nothing: a fresh run's directory is made once its model and task have loaded."""
     from swarm.checkpoint import latest_checkpoint
 
     run_dir = Path(config.run_dir)
@@ -38,7 +40,6 @@ def prepare_run_dir(config: LearnerConfig) -> tuple[Path, object]:
         raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; drop --resume to start a new run")
     if not config.resume and (found is not None or (run_dir / "steps.jsonl").exists()):
         raise ValueError(f"run directory {run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir, found
 
 
@@ -62,15 +63,15 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
 
     stop = stop or threading.Event()
     install_stop_signals(stop)
-    run_dir, resume_from = prepare_run_dir(config)
-    write_config(config, run_dir / "config.yaml")
-    events = EventLog(run_dir)
+    run_dir, resume_from = check_run_dir(config)
     torch.manual_seed(config.seed)
 
     def build_learner(model, tokenizer) -> LearnerCore:
         return LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
 
     if resume_from:
+        events = EventLog(run_dir)
+
         def warn(message: str) -> None:
             events.event("damaged_checkpoint", message=message)
             echo(f"warning: {message}")
@@ -78,34 +79,44 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         resume_from, core, tokenizer = load_verified(run_dir, build_learner, warn=warn)
         model, core.version = core.model, resume_from.version
     else:
-        model, tokenizer = load_policy(config.model)
+        model, tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made
         core = build_learner(model, tokenizer)
     answers = {p.problem_id: p.answer for p in load_problems(config.task, config.task_options(), tokenizer=tokenizer)}
-    fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="learner",
-                  identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
-                  heartbeat_s=config.heartbeat_s)
-    if resume_from:
-        own = fabric.latest_announced([fabric.public_key])
-        newest = max(v for v in (published_version(run_dir), own.version if own else None, resume_from.version) if v is not None)
-        if newest > resume_from.version:
-            echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
-            core.version = newest + 1
-        echo(f"resumed from {resume_from.path}")
-        events.event("resumed", checkpoint=str(resume_from.path), version=core.version)
-    store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
-    server = fabric.weight_server(store)
-    inbox = fabric.rollout_inbox(vocab_size=len(tokenizer), max_staleness=config.max_staleness,
-                                 # a short queue: backpressure holds samplers back instead of
-                                 # letting a backlog of old groups raise staleness
-                                 capacity=config.groups_per_step * 2,
-                                 bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
-    intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-                         max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
-                         temperature=config.temperature)
-    learner_key = encode_learner_key(fabric.public_key)
-    (run_dir / "learner.key").write_text(learner_key + "\n")  # for `swarm sampler --learner-key-file`
-    write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
-                addresses=fabric.addresses(), learner_key=learner_key)
+    made = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
+        write_config(config, run_dir / "config.yaml")
+        if not resume_from:
+            events = EventLog(run_dir)
+        fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="learner",
+                      identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
+                      heartbeat_s=config.heartbeat_s)
+        if resume_from:
+            own = fabric.latest_announced([fabric.public_key])
+            newest = max(v for v in (published_version(run_dir), own.version if own else None, resume_from.version) if v is not None)
+            if newest > resume_from.version:
+                echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
+                core.version = newest + 1
+            echo(f"resumed from {resume_from.path}")
+            events.event("resumed", checkpoint=str(resume_from.path), version=core.version)
+        store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
+        server = fabric.weight_server(store)
+        inbox = fabric.rollout_inbox(vocab_size=len(tokenizer), max_staleness=config.max_staleness,
+                                     # a short queue: backpressure holds samplers back instead of
+                                     # letting a backlog of old groups raise staleness
+                                     capacity=config.groups_per_step * 2,
+                                     bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
+        intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                             max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
+                             temperature=config.temperature)
+        learner_key = encode_learner_key(fabric.public_key)
+        (run_dir / "learner.key").write_text(learner_key + "\n")  # for `swarm sampler --learner-key-file`
+        write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
+                    addresses=fabric.addresses(), learner_key=learner_key)
+    except BaseException:
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
     echo(f"samplers join with: --learner-key {learner_key}")
     for addr in fabric.addresses():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import threading
 import time
 from collections import Counter
@@ -42,17 +43,24 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     install_stop_signals(stop)
     sampler_id = config.sampler_id or f"sampler-{os.getpid()}"
     run_dir = Path(config.run_dir or f"runs/{sampler_id}-{time.strftime('%Y%m%d-%H%M%S')}")
-    write_config(config, run_dir / "config.yaml")
-    events = EventLog(run_dir)
     keys = [decode_learner_key(k) for k in config.learner_keys]
     delay = SecondsDelay.parse(config.pickup_delay)
     options = {"device": config.device} if config.backend == "transformers" else {}
+    # model and task first: bad ones fail before anything is made
     backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
-    scorer = RewardScorer()
     problems = shard_for_sampler(load_problems(config.task, config.task_options(), tokenizer=backend.tokenizer), sampler_id)
-    fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="sampler",
-                  identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
-                  heartbeat_s=config.heartbeat_s)
+    made = not run_dir.exists()
+    try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
+        write_config(config, run_dir / "config.yaml")
+        fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="sampler",
+                      identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
+                      heartbeat_s=config.heartbeat_s)
+    except BaseException:
+        if made:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    events = EventLog(run_dir)
+    scorer = RewardScorer()
     simulating = delay.kind != "none" or config.lag_steps > 0
     # holding many versions only matters for latency simulation (versions wait for their pickup time)
     store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from peers.learner import prepare_run_dir
+from peers.learner import check_run_dir
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state, save_checkpoint
 from swarm.config import LearnerConfig, SamplerConfig, read_config_file, resolve, write_config
 from swarm.fabric.bans import PeerBans
@@ -101,9 +101,9 @@ def test_run_dir_is_not_reused_by_accident(tmp_path):
     config = LearnerConfig(peers=[PEER], run_dir=tmp_path)
     (tmp_path / "steps.jsonl").write_text("{}\n")
     with pytest.raises(ValueError, match="pass --resume"):
-        prepare_run_dir(config)
+        check_run_dir(config)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        prepare_run_dir(config.model_copy(update={"resume": True}))
+        check_run_dir(config.model_copy(update={"resume": True}))
 
 
 def test_bans_follow_strikes_within_the_window_and_expire():
