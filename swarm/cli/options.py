@@ -141,16 +141,10 @@ def validation_message(exc) -> str:
 
 def config_from_options(role: str, config_file, options: dict):
     """The validated config of `role`; bad values and bad config files are usage errors (exit 2)."""
-    from pydantic import ValidationError
-
     from swarm.config import resolve
 
-    try:
+    with user_errors():
         return resolve(role, Path(config_file) if config_file else None, given_values(options))
-    except ValidationError as exc:
-        raise click.UsageError(validation_message(exc)) from None
-    except USAGE_ERRORS as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 @contextmanager

@@ -244,16 +244,9 @@ class GrpcFabric:
         return bool(reply.get("ok"))
 
     def members(self):
-        from swarm.fabric.records import Member, MemberRecord
+        from swarm.fabric.grpc_registry import members_from
 
-        found = []
-        for item in self._call("Members", {"run_id": self.run_id})["members"]:
-            try:
-                record = MemberRecord.parse_obj(item["record"])
-            except Exception:  # noqa: BLE001
-                continue
-            found.append(Member(record=record, expires_at=float(item["expires_at"]), owner=record.peer_id.encode()))
-        return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+        return members_from(self._call("Members", {"run_id": self.run_id})["members"])
 
     def announce(self, version: int, digest: str) -> bool:
         from swarm.fabric.records import VersionAnnouncement

@@ -127,6 +127,21 @@ def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0):
     return server, bound
 
 
+def members_from(listed: list[dict]) -> list:
+    """Members of a registry's listing (its own, or a Members reply), sorted by role and peer id;
+    an entry that does not parse is skipped."""
+    from swarm.fabric.records import Member, MemberRecord
+
+    found = []
+    for item in listed:
+        try:
+            record = MemberRecord.parse_obj(item["record"])
+            found.append(Member(record=record, expires_at=float(item["expires_at"]), owner=record.peer_id.encode()))
+        except Exception:  # noqa: BLE001  a malformed entry from a registry is not ours to crash on
+            continue
+    return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+
+
 class GrpcBootstrap:
     """A bootstrap node of a gRPC swarm: the registry, served on `host:port`."""
 
@@ -148,11 +163,7 @@ class GrpcBootstrap:
         return [f"{shown}:{self.port}"]
 
     def members(self):
-        from swarm.fabric.records import Member, MemberRecord
-
-        listed = self.registry.list_members({"run_id": self.run_id})["members"]
-        found = [Member(record=MemberRecord.parse_obj(m["record"]), expires_at=m["expires_at"], owner=b"") for m in listed]
-        return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+        return members_from(self.registry.list_members({"run_id": self.run_id})["members"])
 
     def shutdown(self) -> None:
         self._server.stop(grace=1.0).wait(5)

@@ -76,7 +76,6 @@ class FetchResult:
     bytes: int  # payload bytes received
     kinds: list[str]  # "snapshot" or "delta", per payload
     seconds: float
-    state: dict
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, *, expiry_s: float = 60.0) -> bool:
@@ -238,7 +237,7 @@ class RebuildingClient:
             store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
                       snapshot=payload if kind == "snapshot" else None, owned=True)
         return FetchResult(version=want, holder=str(holder), bytes=sum(len(p) for p in payloads),
-                           kinds=[b[4] for b in built], seconds=time.time() - started, state=state)
+                           kinds=[b[4] for b in built], seconds=time.time() - started)
 
 
 class WeightClient(RebuildingClient):
