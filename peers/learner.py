@@ -50,7 +50,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.config import write_config
     from swarm.fabric.bans import PeerBans
     from swarm.fabric.identity import encode_learner_key, identity_dir_or_default
-    from swarm.fabric.records import Heartbeat
+    from swarm.fabric.records import Heartbeat, RunSampling
     from swarm.fabric.transports import join
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
@@ -59,7 +59,9 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
     from swarm.signals import install_stop_signals
     from swarm.tasks import load_problems
+    from swarm.fabric.wire import WireLimits
     from swarm.training import LearnerCore, NonFiniteStep
+    from swarm.verification import LogprobVerifier
 
     stop = stop or threading.Event()
     install_stop_signals(stop)
@@ -105,10 +107,15 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                      # a short queue: backpressure holds samplers back instead of
                                      # letting a backlog of old groups raise staleness
                                      capacity=config.groups_per_step * 2,
-                                     bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s))
+                                     bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
+                                     limits=WireLimits.for_run(getattr(model.config, "max_position_embeddings", None),
+                                                               config.max_completion_length))
+        verifier = LogprobVerifier(model, store.states, lock=store.lock, pad_token_id=tokenizer.pad_token_id,
+                                   fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
         intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
                              max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
-                             temperature=config.temperature)
+                             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=verifier,
+                             banned=lambda peer: inbox.bans.remaining(peer) > 0)
         learner_key = encode_learner_key(fabric.public_key)
         (run_dir / "learner.key").write_text(learner_key + "\n")  # for `swarm sampler --learner-key-file`
         write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
@@ -123,10 +130,11 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         echo(f"  --peers {addr}")
 
     totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0}
+    sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length)
 
     def heartbeat() -> None:
         digest = store.hashes[core.version]
-        fabric.announce(core.version, digest)
+        fabric.announce(core.version, digest, sampling)
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=core.version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"]))
 
@@ -185,7 +193,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             last_heartbeat = time.time()
             steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
-                       skipped_steps=totals["skipped_steps"])
+                       skipped_steps=totals["skipped_steps"], verified=verifier.checked,
+                       verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap)
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")

@@ -29,7 +29,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.identity import decode_learner_key, identity_dir_or_default
     from swarm.fabric.records import Heartbeat
     from swarm.fabric.transports import join
-    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
+    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
     from swarm.generation import SamplingParams, make_backend
     from swarm.model.loading import resolve_model_dir
     from swarm.rewards import RewardScorer
@@ -73,12 +73,13 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                      kinds=result.kinds, seconds=round(result.seconds, 4))
 
     follower = VersionFollower(fabric, store, keys, delay, random.Random(f"{sampler_id}-delay"),
-                               echo=lambda m: echo(f"{sampler_id}: {m}"), on_fetch=fetched)
+                               echo=lambda m: echo(f"{sampler_id}: {m}"), on_fetch=fetched,
+                               # no weight payload may be larger than this model's weights could be
+                               max_payload_bytes=payload_limit(backend.model.state_dict() if config.backend == "transformers" else None))
     write_ready(run_dir, role="sampler", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
                 sampler_id=sampler_id, addresses=fabric.addresses())
     echo(f"sampler {sampler_id} ({fabric.peer_id}) joined run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
-    params = SamplingParams(num_completions=config.num_generations, max_new_tokens=config.max_completion_length,
-                            temperature=config.temperature)
+    sampling = None  # the run's sampling settings, as the learner last announced them
     unreachable = fabric.unreachable_errors()
     current: int | None = None
     sent = done = tokens_total = 0
@@ -101,6 +102,14 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                 events.event("version_used", version=choice, newest=follower.newest, swap_seconds=round(time.time() - swap, 4))
                 echo(f"{sampler_id}: now at version {choice} (newest announced {follower.newest}, swap {time.time() - swap:.2f}s)")
                 current = choice
+            if follower.sampling != sampling:
+                sampling = follower.sampling
+                params = SamplingParams(num_completions=config.num_generations, temperature=sampling.temperature,
+                                        top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens)
+                events.event("sampling", temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                             max_tokens=sampling.max_tokens)
+                echo(f"{sampler_id}: sampling as the learner announces: temperature {sampling.temperature:g}, top-k "
+                     f"{sampling.top_k}, top-p {sampling.top_p:g}, at most {sampling.max_tokens} tokens")
             batch = [problems[rng.randrange(len(problems))] for _ in range(config.prompts_per_round)]
             groups = produce_rollouts(backend, scorer, batch, params, version=current, sampler_id=sampler_id)
             tokens = sum(g.num_tokens() for g in groups)

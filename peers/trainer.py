@@ -60,7 +60,7 @@ def run_trainer(
     by_id = {p.problem_id: p for p in train}
     ring = PolicyRing(capacity=min(config.max_staleness, delay.max_steps) + 1)
     ring.publish(0, model)
-    params = SamplingParams(num_completions=config.num_generations, temperature=config.temperature,
+    params = SamplingParams(num_completions=config.num_generations, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
                             max_new_tokens=config.max_completion_length)
 
     def evaluate(step: int) -> dict:

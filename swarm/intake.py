@@ -7,7 +7,10 @@ Groups must have been sampled with the run's settings (temperature, top-k, top-p
 on one sampling distribution, and a group claiming, say, temperature 1e-40 would make its
 log-probs non-finite. Every refusal is counted by reason; refusals that are the sender's fault are
 reported to the inbox, which bans repeat offenders (stale groups are never the sender's fault). A
-group that makes a check itself fail is refused as the sender's fault too, never ends the learner."""
+group that makes a check itself fail is refused as the sender's fault too, never ends the learner.
+Last and dearest, a sampled fraction of groups has its behaviour log-probs recomputed at the
+claimed version (swarm.verification); a sampler caught lying about them is banned at once, since
+an honest one never exceeds the calibrated tolerance."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Callable
 
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
+from swarm.verification import LogprobVerifier
 
 logger = logging.getLogger(__name__)
 # a sampler's reward may differ from the learner's by rounding only
@@ -27,12 +31,16 @@ REWARD_TOLERANCE = 1e-6
 class GroupIntake:
     def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
                  max_age_s: float, penalize: Callable[[str, str], None], temperature: float, top_k: int = 0,
-                 top_p: float = 1.0, scorer: RewardScorer | None = None) -> None:
+                 top_p: float = 1.0, scorer: RewardScorer | None = None, verifier: LogprobVerifier | None = None,
+                 banned: Callable[[str], bool] = lambda peer: False) -> None:
         """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
-        them (the tokenizer's batch_decode without special tokens). penalize(peer, reason): a strike
-        against the sender. temperature, top_k, top_p: the run's sampling settings."""
+        them (the tokenizer's batch_decode without special tokens). penalize(peer, reason, ban=False):
+        a strike against the sender (ban: at once). temperature, top_k, top_p: the run's sampling
+        settings. verifier: recomputes the log-probs of a fraction of groups (None: none). banned(peer):
+        whether a sender is banned now (its groups still queued when the ban came are dropped)."""
         self.answers, self.max_staleness, self.max_age_s, self.penalize = answers, max_staleness, max_age_s, penalize
-        self.decode, self.sampling = decode, (float(temperature), int(top_k), float(top_p))
+        self.decode, self.sampling, self.verifier = decode, (float(temperature), int(top_k), float(top_p)), verifier
+        self.banned = banned
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
 
@@ -47,6 +55,9 @@ class GroupIntake:
             return False
 
     def _check(self, group: RolloutGroup, learner_version: int) -> bool:
+        if self.banned(group.sender):
+            self.dropped["sender banned"] += 1
+            return False
         if (group.temperature, group.top_k, group.top_p) != self.sampling:
             self.dropped["other sampling settings"] += 1
             self.penalize(group.sender, "other sampling settings")
@@ -68,6 +79,16 @@ class GroupIntake:
             self.dropped["reward mismatch"] += 1
             self.penalize(group.sender, "reward mismatch")
             return False
+        if self.verifier is not None and self.verifier.chosen():
+            refused = self.verifier.check(group)
+            if refused == "version not held":  # from before a restart: nobody's fault, and not checkable
+                self.dropped["version not held"] += 1
+                return False
+            if refused:
+                self.dropped["log-prob mismatch"] += 1
+                logger.warning("refused a group from %s: %s; banning it", group.sender, refused)
+                self.penalize(group.sender, refused, ban=True)
+                return False
         group.rewards, group.completion_texts = rescored, texts
         return True
 

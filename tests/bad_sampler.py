@@ -1,6 +1,8 @@
 """A misbehaving sampler, run as its own process by the fault tests: it joins the swarm like a
 real sampler and sends the learner garbage frames and rollout groups whose rewards are forged
-(wrong answers claimed correct). Each ack it gets back is written as a JSON line to --out."""
+(wrong answers claimed correct), or with --lie, right answers with behaviour log-probs far below
+what the policy gives them (to inflate their importance weights). Each ack it gets back is
+written as a JSON line to --out."""
 
 import argparse
 import json
@@ -18,6 +20,17 @@ def forged_group(problem, tokenizer, version: int, size: int = 4):
                         version=version, sampler_id="honest-looking-sampler", completion_texts=[wrong] * size)
 
 
+def lying_group(problem, tokenizer, version: int, size: int = 4):
+    """Right answers, correctly rewarded, claiming log-prob -20 for every token."""
+    from swarm.rollouts import RolloutGroup
+
+    right = f"\\boxed{{{problem.answer}}}"
+    ids = tokenizer(right, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return RolloutGroup(problem_id=problem.problem_id, prompt_ids=tokenizer(problem.prompt)["input_ids"],
+                        completion_ids=[ids] * size, sampler_logprobs=[[-20.0] * len(ids)] * size, rewards=[1.0] * size,
+                        version=version, sampler_id="honest-looking-sampler", completion_texts=[right] * size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peers", required=True)
@@ -26,6 +39,8 @@ def main() -> None:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--transport", default="hivemind")
+    parser.add_argument("--lie", action="store_true", help="send right answers with made-up log-probs instead")
     args = parser.parse_args()
 
     from swarm.fabric.identity import decode_learner_key
@@ -35,7 +50,7 @@ def main() -> None:
 
     _, tokenizer = load_policy("embedded")
     problems = ArithmeticTask(2).problems("train")
-    fabric = join("hivemind", run_id=args.run_id, peers=[args.peers], role="sampler", identity_dir=Path(args.identity_dir))
+    fabric = join(args.transport, run_id=args.run_id, peers=[args.peers], role="sampler", identity_dir=Path(args.identity_dir))
     sender = fabric.rollout_sender()
     out = Path(args.out).open("w")
     try:
@@ -52,8 +67,11 @@ def main() -> None:
         for i in range(args.rounds):
             ann = fabric.latest_announced([decode_learner_key(args.learner_key)]) or ann
             try:
-                acks = sender.send_frames(ann.peer_id, [b"\x93garbage"])
-                acks += sender.send(ann.peer_id, [forged_group(problems[i], tokenizer, ann.version)])
+                if args.lie:
+                    acks = sender.send(ann.peer_id, [lying_group(problems[i], tokenizer, ann.version)])
+                else:
+                    acks = sender.send_frames(ann.peer_id, [b"\x93garbage"])
+                    acks += sender.send(ann.peer_id, [forged_group(problems[i], tokenizer, ann.version)])
             except Exception as exc:  # noqa: BLE001  the learner finished and left
                 print(f"learner gone: {type(exc).__name__}", flush=True)
                 break

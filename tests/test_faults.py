@@ -66,29 +66,39 @@ def swarm(tmp_path):
                 crash(proc)
 
 
-def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path):
+@pytest.mark.parametrize("transport", ["hivemind", "grpc"])
+def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path, transport):
+    swarm.transport = transport
     run_dir = tmp_path / "learner"
     addr = swarm.start_bootstrap()
     learner, key = swarm.start_learner(addr, "--steps", "1000", "--groups-per-step", "3", "--checkpoint-every", "0",
-                                       "--ban-after", "3", run_dir=run_dir)
+                                       "--ban-after", "3", "--verify-fraction", "1", run_dir=run_dir)
     swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
     doomed = swarm.start_sampler("sampler-1", addr, key, *SAMPLER)
-    acks = tmp_path / "forger-acks.jsonl"
-    forger = subprocess.Popen([sys.executable, str(Path(__file__).with_name("bad_sampler.py")), "--peers", addr, "--learner-key", key,
-                               "--run-id", swarm.run_id, "--identity-dir", str(tmp_path / "keys" / "forger"), "--rounds", "6", "--out", str(acks)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def bad_sampler(name: str, *extra):
+        acks = tmp_path / f"{name}-acks.jsonl"
+        return acks, subprocess.Popen([sys.executable, str(Path(__file__).with_name("bad_sampler.py")), "--peers", addr,
+                                       "--learner-key", key, "--run-id", swarm.run_id, "--identity-dir", str(tmp_path / "keys" / name),
+                                       "--rounds", "6", "--out", str(acks), "--transport", transport, *extra],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    acks, forger = bad_sampler("forger")
+    liar_acks, liar = bad_sampler("liar", "--lie")
     try:
         wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
         crash(doomed)
         killed_at = len(steps_of(run_dir))
-        out, _ = forger.communicate(timeout=240)
-        assert forger.returncode == 0, out
+        for bad in (forger, liar):
+            out, _ = bad.communicate(timeout=240)
+            assert bad.returncode == 0, out
         after = len(steps_of(run_dir))
         wait_until(lambda: len(steps_of(run_dir)) >= after + 2, 120, "two more steps after the forger", swarm)
         assert swarm.stop(learner) == 0, learner.text()[-3000:]
     finally:
-        if forger.poll() is None:
-            forger.kill()
+        for bad in (forger, liar):
+            if bad.poll() is None:
+                bad.kill()
     steps = steps_of(run_dir)
     assert [int(s["version"]) for s in steps] == list(range(1, len(steps) + 1))
     assert len(steps) > killed_at  # trained on after the kill, on the surviving sampler
@@ -99,6 +109,10 @@ def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path
     assert any(r.startswith("not a msgpack map") for r in last["inbox_refused"])  # garbage refused with a reason
     assert replies[0] == {"ok": False, "reason": replies[0]["reason"]} and "msgpack" in replies[0]["reason"]
     assert any("banned" in r.get("reason", "") for r in replies), replies  # then nothing more is read from it
+    # made-up log-probs are found by recomputing them at the claimed version, and ban the liar at once
+    liar_id, *liar_replies = [json.loads(line) for line in liar_acks.read_text().splitlines()]
+    assert liar_id["peer_id"] in last["banned"] and last["dropped"]["log-prob mismatch"] >= 1
+    assert any("banned" in r.get("reason", "") for r in liar_replies), liar_replies
     assert read_jsonl(run_dir / "events.jsonl")[-1] == {**read_jsonl(run_dir / "events.jsonl")[-1], "event": "stopped",
                                                         "version": len(steps)}
 

@@ -38,7 +38,7 @@ def swarm_help(*args: str) -> str:
 def test_learner_help_is_grouped_with_choices_and_trl_names():
     text = swarm_help("learner")
     sections = [line for line in text.splitlines() if line.endswith("options:")]
-    assert sections == ["Swarm options:", "Task options:", "Loss options:", "Optimizer options:", "Training options:",
+    assert sections == ["Swarm options:", "Task options:", "Loss options:", "Optimizer options:", "Training options:", "Generation options:",
                         "Output options:", "Other options:"]
     assert "--loss [gepo|grpo|dr_grpo|bnpo|gspo|gmpo|topr|cispo]" in text
     assert "--transport [hivemind|grpc]" in text
@@ -51,5 +51,7 @@ def test_the_same_setting_is_spelled_the_same_in_every_command():
     learner, sampler, demo = swarm_help("learner"), swarm_help("sampler"), swarm_help("demo")
     for option in ("--learning-rate", "--groups-per-step", "--loss", "--beta", "--steps", "--run-dir", "--seed"):
         assert option in learner and option in demo, option
-    for option in ("--num-generations", "--max-completion-length", "--temperature", "--pickup-delay", "--transport"):
+    for option in ("--num-generations", "--pickup-delay", "--transport"):
         assert option in sampler and option in demo, option
+    for option in ("--max-completion-length", "--temperature", "--top-k", "--top-p"):  # the run's: the learner announces them
+        assert option in learner and option in demo and option not in sampler, option

@@ -40,9 +40,11 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         # reported and training goes on
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "checkpoints").write_text("")
+        # the run's sampling settings are the learner's: samplers take them from its announcements
         procs.append(spawn("learner", "--peers", addr, "--steps", "6", "--groups-per-step", "2", "--run-dir",
                            str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), "--checkpoint-every", "3",
-                           log=log))
+                           "--temperature", "0.9", "--top-p", "0.95", "--max-completion-length", "12",
+                           "--verify-fraction", "1", log=log))
         key = ready(tmp_path / "run", procs[1])["learner_key"]
         assert (tmp_path / "run" / "learner.key").read_text().strip() == key
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)
@@ -64,10 +66,14 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
         assert [int(s["version"]) for s in steps] == [1, 2, 3, 4, 5, 6]
         assert all(s["learning_rate"] > 0 for s in steps)
+        # every group's log-probs were recomputed, and the sampler's (another process) matched
+        assert steps[-1]["verified"] >= steps[-1]["used_total"] and 0 <= steps[-1]["largest_honest_gap"] < 0.01
         learner_events = read_jsonl(tmp_path / "run" / "events.jsonl")
         assert learner_events[-1]["event"] == "stopped" and learner_events[-1]["version"] == 6
         assert [e["version"] for e in learner_events if e["event"] == "checkpoint_failed"] == [3, 6, 6]  # every 3, at exit
         sampler_events = read_jsonl(events)
+        sampling = next(e for e in sampler_events if e["event"] == "sampling")
+        assert (sampling["temperature"], sampling["top_p"], sampling["max_tokens"]) == (0.9, 0.95, 12)
         used = [e["version"] for e in sampler_events if e["event"] == "version_used"]
         assert used and max(used) >= 1, sampler_events[-5:]  # followed the learner
         fetched = [e for e in sampler_events if e["event"] == "version_fetched"]

@@ -12,7 +12,7 @@ import torch
 
 from swarm.fabric.follower import fetch_from_holders
 from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import CorruptVersion, state_hash
+from swarm.fabric.weight_delta import CorruptVersion, encode_snapshot, state_hash
 
 
 
@@ -65,10 +65,9 @@ def sync(receiver, learner_keys, learner, others, rng):
 
 def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
     """The volunteer tries to announce under the learner's key (it cannot sign for it)."""
-    from swarm.fabric.records import VersionAnnouncement
+    from swarm.fabric.records import RunSampling, VersionAnnouncement
 
-    value = VersionAnnouncement(run_id=volunteer.fabric.run_id, version=version, hash="0" * 64, peer_id=volunteer.fabric.peer_id,
-                                time=0.0).dict()
+    value = VersionAnnouncement.of(volunteer.fabric.run_id, version, "0" * 64, volunteer.fabric.peer_id, 0.0, RunSampling()).dict()
     if volunteer.fabric.transport == "grpc":
         from swarm.fabric.grpc_common import pack
 
@@ -109,6 +108,27 @@ def test_four_receivers_rebuild_ten_versions_bit_for_bit_with_relay(peers):
     assert 7 not in late.store.deltas  # the late joiner started from a snapshot
 
 
+def flipped(payload: bytes) -> bytes:
+    corrupt = bytearray(payload)
+    corrupt[len(corrupt) // 3] ^= 0x55
+    return bytes(corrupt)
+
+
+def test_a_delta_that_does_not_apply_is_followed_by_a_snapshot_not_retried(peers):
+    """A receiver whose base is not what the holder's deltas expect asks for a snapshot instead of
+    fetching the same useless deltas at every poll."""
+    learner, receiver = peers(), peers()
+    versions = list(publish_stream(2))
+    for v, state in enumerate(versions):
+        learner.store.add(v, state)
+    learner.store.deltas[2] = flipped(learner.store.deltas[2])
+    receiver.store.add(1, versions[1])
+    result = fetch_from_holders(receiver.client, [learner.fabric.peer_id], 2, learner.store.hashes[2], receiver.store,
+                                receiver.fabric.unreachable_errors())
+    assert result.kinds == ["snapshot"]
+    assert state_hash(receiver.store.states[2]) == learner.store.hashes[2]
+
+
 def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers):
     learner, liar, receiver = peers(), peers(), peers()
     versions = list(publish_stream(2))
@@ -116,9 +136,8 @@ def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers)
         learner.store.add(v, state)
         liar.store.add(v, state)
     receiver.store.add(1, versions[1])
-    corrupt = bytearray(liar.store.deltas[2])
-    corrupt[len(corrupt) // 3] ^= 0x55
-    liar.store.deltas[2] = bytes(corrupt)
+    liar.store.deltas[2] = flipped(liar.store.deltas[2])
+    liar.store._snapshot = (2, flipped(encode_snapshot(versions[2], 2)))  # the snapshot it falls back to is bad too
     digest = learner.store.hashes[2]
     unreachable = receiver.fabric.unreachable_errors()
     with pytest.raises(CorruptVersion):

@@ -17,18 +17,20 @@ from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings,
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
 
 # What the demo's samplers are told beyond the shared settings, and how often they report.
-SAMPLER_SETTINGS = ("num_generations", "max_completion_length", "prompts_per_round", "pickup_delay")
+SAMPLER_SETTINGS = ("num_generations", "prompts_per_round", "pickup_delay")
+# The run's sampling settings: the learner announces them and samplers generate with them
+RUN_SAMPLING = ("temperature", "top_k", "top_p", "max_completion_length")
 PROGRESS_EVERY_S = 2.0
 
 
 def peer_settings(config: DemoConfig) -> dict:
     """The config file the demo's peers share: task at the top, [learner] and [sampler] tables."""
     dumped = json.loads(config.model_dump_json())
-    learner = {k: dumped[k] for k in TrainingSettings.model_fields if k in LearnerConfig.model_fields}
+    learner = {k: dumped[k] for k in (*TrainingSettings.model_fields, *RUN_SAMPLING) if k in LearnerConfig.model_fields}
     learner["checkpoint_every"] = 0  # one checkpoint, at the end: the one evaluated
     sampler = {k: dumped[k] for k in SAMPLER_SETTINGS if k in SamplerConfig.model_fields}
     sampler["progress_every_s"] = PROGRESS_EVERY_S
-    shared = {k: dumped[k] for k in (*TaskSettings.model_fields, "temperature")}  # the run's sampling temperature too
+    shared = {k: dumped[k] for k in TaskSettings.model_fields}
     return {**shared, "learner": learner, "sampler": sampler}
 
 

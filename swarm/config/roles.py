@@ -33,8 +33,13 @@ ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a conf
 class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
     """`swarm learner`: trains on rollouts from samplers and publishes versions."""
 
-    temperature: float = same_as(GenerationSettings, "temperature", group="training",
-                                 help="the run's sampling temperature: groups sampled at another are refused")
+    # The run's sampling settings: announced with every version, samplers generate with them, and
+    # groups sampled otherwise are refused
+    temperature: float = same_as(GenerationSettings, "temperature", help="the run's sampling temperature (samplers use it)")
+    top_k: int = same_as(GenerationSettings, "top_k", help="the run's top-k (0: off; samplers use it)")
+    top_p: float = same_as(GenerationSettings, "top_p", help="the run's top-p (1: off; samplers use it)")
+    max_completion_length: int = same_as(GenerationSettings, "max_completion_length",
+                                         help="the run's longest completion in tokens (samplers use it; longer ones are refused)")
     max_age_s: float = setting(1800.0, group="training", gt=0, help="groups older than this many seconds are dropped")
     wait_s: float = setting(120.0, group="training", gt=0, help="say so when no rollouts arrive for this many seconds")
     run_dir: Optional[Directory] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")
@@ -44,10 +49,19 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
     ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
     ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
     ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
+    verify_fraction: float = setting(
+        0.25, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version "
+                                              "(a sampler caught lying is banned; 0: trust samplers)")
+    verify_tolerance: float = setting(
+        0.1, group="swarm", gt=0, help="largest mean absolute per-token log-prob gap of an honest completion (calibrated "
+                                       "on float32, bfloat16 and float16 samplers: benchmarks/logprob_tolerance.py)")
 
 
-class SamplerConfig(SwarmSettings, TaskSettings, GenerationSettings):
-    """`swarm sampler`: generates and scores rollouts with the newest version it may use."""
+class SamplerConfig(SwarmSettings, TaskSettings):
+    """`swarm sampler`: generates and scores rollouts with the newest version it may use, sampled
+    as the learner announces (temperature, top-k, top-p, longest completion)."""
+
+    num_generations: int = same_as(GenerationSettings, "num_generations")
 
     learner_keys: list[str] = setting(list, group="swarm",
                                       help="the key a learner prints (repeatable); only its versions are used")

@@ -175,7 +175,10 @@ class GenerationSettings(Settings):
                                    help="G: completions per prompt (the group GEPO's expectation is taken over)")
     max_completion_length: int = setting(16, group="generation", aliases=("max_new_tokens",), ge=1,
                                          help="longest completion, in tokens")
-    temperature: float = setting(1.0, group="generation", gt=0, help="sampling temperature")
+    temperature: float = setting(1.0, group="generation", gt=0, le=100, help="sampling temperature")
+    top_k: int = setting(0, group="generation", ge=0, help="sample from the k most likely tokens only (0: all)")
+    top_p: float = setting(1.0, group="generation", gt=0, le=1, help="nucleus sampling: the smallest set of tokens "
+                                                                        "holding this much probability (1: all)")
 
 
 class EvalSettings(Settings):

@@ -2,8 +2,9 @@
 
 Every refusal that is the sender's fault (a malformed group, forged rewards, an unknown problem;
 not a stale, duplicate or "busy" one) is a strike against the sending peer's id: over hivemind the
-libp2p peer id the transport authenticates, over gRPC the address the sender claims (which a
-determined sender can change). `strikes` strikes within `window_s` seconds ban the peer for
+libp2p peer id the transport authenticates, over gRPC the key that signs the sender's requests
+(grpc_common.py). Either way a new identity is free to make, so a ban slows a determined attacker
+down rather than stopping it; what stops it is that every group is checked. `strikes` strikes within `window_s` seconds ban the peer for
 `ban_s` seconds, during which everything it sends is refused unread. A ban expires on its own, so
 a volunteer with a transient bug can come back.
 """
@@ -40,6 +41,13 @@ class PeerBans:
                 self.bans_issued += 1
                 return True
             return False
+
+    def ban(self, peer: str) -> None:
+        """Ban `peer` now, for an offence no honest peer commits (log-probs that do not match)."""
+        with self._lock:
+            self._recent.pop(peer, None)
+            self._until[peer] = self._clock() + self.ban_s
+            self.bans_issued += 1
 
     def remaining(self, peer: str) -> float:
         """Seconds left on `peer`'s ban (0 when it is not banned)."""

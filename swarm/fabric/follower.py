@@ -72,13 +72,14 @@ class VersionFollower:
 
     def __init__(self, fabric, store: VersionStore, learner_keys: list[bytes], delay, rng: random.Random, *,
                  echo: Callable[[str], None], on_fetch: Callable[[FetchResult], None] | None = None,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 1.0, max_payload_bytes: int | None = None) -> None:
         self.fabric, self.store, self.keys, self.delay, self.rng, self.echo = fabric, store, learner_keys, delay, rng, echo
         self.on_fetch, self.poll_s = on_fetch, poll_s
-        self.client = fabric.weight_client()
+        self.client = fabric.weight_client(**({"max_payload_bytes": max_payload_bytes} if max_payload_bytes else {}))
         self.ready_at: dict[int, float] = {}
         self.newest: int | None = None  # newest version announced
         self.learner_peer: str | None = None  # the peer that announced it
+        self.sampling = None  # the run's sampling settings (RunSampling), as last announced
         self.stop = threading.Event()
         self._failures = 0
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
@@ -93,7 +94,7 @@ class VersionFollower:
                 logger.debug("announcement lookup failed: %s", exc)
                 ann = None
             if ann is not None:
-                self.newest, self.learner_peer = ann.version, ann.peer_id
+                self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
                         fetched = fetch_from_holders(self.client, holders_for(ann), ann.version, ann.hash, self.store, unreachable)

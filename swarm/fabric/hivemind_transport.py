@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from swarm.fabric.records import Heartbeat
+from swarm.fabric.records import Heartbeat, RunSampling
 
 
 class HivemindFabric:
@@ -49,10 +49,10 @@ class HivemindFabric:
 
         return list_members(self.dht, self.run_id)
 
-    def announce(self, version: int, digest: str) -> bool:
+    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling()) -> bool:
         from swarm.fabric.versions import announce
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest)
+        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling)
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
         from swarm.fabric.versions import latest_announced

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-from swarm.fabric.records import Heartbeat, Member
+from swarm.fabric.records import Heartbeat, Member, RunSampling
 from swarm.fabric.versions import Announced, FetchResult, VersionStore
 from swarm.rollouts import RolloutGroup
 
@@ -28,8 +28,8 @@ class RolloutInbox(Protocol):
 
     def qsize(self) -> int: ...
 
-    def penalize(self, peer: str, reason: str) -> None:
-        """Count a refusal that is the sender's fault (repeated ones ban the peer)."""
+    def penalize(self, peer: str, reason: str, *, ban: bool = False) -> None:
+        """Count a refusal that is the sender's fault (repeated ones ban the peer; `ban`: at once)."""
 
     def close(self) -> None: ...
 
@@ -66,7 +66,7 @@ class Fabric(Protocol):
 
     @property
     def peer_id(self) -> str:
-        """This peer's id in the transport (base58 libp2p id, or host:port over gRPC)."""
+        """This peer's id in the transport (base58 libp2p id, or KEYID@host:port over gRPC)."""
 
     @property
     def public_key(self) -> bytes:
@@ -88,8 +88,8 @@ class Fabric(Protocol):
     def members(self) -> list[Member]:
         """Current, unexpired members of the run, sorted by role and peer id."""
 
-    def announce(self, version: int, digest: str) -> bool:
-        """Announce a published version under this peer's signing key."""
+    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling()) -> bool:
+        """Announce a published version, and the run's sampling settings, under this peer's signing key."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

@@ -11,10 +11,10 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
-from pydantic.v1 import BaseModel, StrictFloat, conint, constr
+from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, constr
 
 from swarm import __version__
-from swarm.config import SwarmSettings, default_of
+from swarm.config import GenerationSettings, SwarmSettings, default_of
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -34,15 +34,42 @@ class MemberRecord(BaseModel):
     time: StrictFloat  # DHT time of the heartbeat
 
 
+@dataclass(frozen=True)
+class RunSampling:
+    """The run's sampling settings, set by the learner and carried in its signed announcements:
+    samplers generate with them, and the learner refuses groups sampled otherwise (a learner steps
+    on one sampling distribution)."""
+
+    temperature: float = default_of(GenerationSettings, "temperature")
+    top_k: int = default_of(GenerationSettings, "top_k")
+    top_p: float = default_of(GenerationSettings, "top_p")
+    max_tokens: int = default_of(GenerationSettings, "max_completion_length")  # longest completion
+
+
 class VersionAnnouncement(BaseModel):
-    """A learner's announcement of its newest published policy version. It names its run: a
-    learner keeps its key across runs, and a signed announcement of run A must not count in run B."""
+    """A learner's announcement of its newest published policy version and the run's sampling
+    settings. It names its run: a learner keeps its key across runs, and a signed announcement of
+    run A must not count in run B."""
 
     run_id: constr(min_length=1, max_length=64, strict=True)
     version: conint(ge=0, strict=True)
     hash: constr(regex=r"^[0-9a-f]{64}$", strict=True)  # state_hash of the published weights
     peer_id: constr(min_length=1, max_length=128, strict=True)  # where to fetch it first
     time: StrictFloat
+    temperature: confloat(gt=0, le=100, strict=True)
+    top_k: conint(ge=0, le=1 << 20, strict=True)
+    top_p: confloat(gt=0, le=1, strict=True)
+    max_tokens: conint(ge=1, le=1 << 20, strict=True)
+
+    @classmethod
+    def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling) -> "VersionAnnouncement":
+        return cls(run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
+                   temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
+                   max_tokens=int(sampling.max_tokens))
+
+    @property
+    def sampling(self) -> RunSampling:
+        return RunSampling(self.temperature, self.top_k, self.top_p, self.max_tokens)
 
 
 def members_key(run_id: str) -> str:

@@ -7,9 +7,14 @@ and reads one small ack per frame. The learner side (`RolloutInbox`):
 - applies backpressure: a bounded queue; when it is full the handler stops reading, so the
   sender's writes block instead of the learner's memory growing, and after `put_timeout_s` the
   group is refused as "busy" (the sampler counts it and moves on);
+- shares the queue fairly: while several peers send, each may hold at most its share
+  (capacity / active peers) of it, so one fast or hostile sampler cannot crowd out the rest;
+- bounds what a peer can hold open: a few streams per peer, a total, an idle deadline between
+  frames and a deadline per frame that grows with its size (a slow sender is cut off, not waited on);
 - counts accepted and refused groups per peer; a peer that keeps sending bad data (malformed
   groups here, forged rewards reported by the learner through `penalize`) is banned for a while
-  (bans.py) and everything it sends meanwhile is refused unread.
+  (bans.py) and everything it sends meanwhile is refused unread. Each kind of garbage is logged
+  once per peer, not once per frame.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -45,29 +52,106 @@ class InboxStats:
     duplicates: int = 0
 
 
+@dataclass(frozen=True)
+class StreamLimits:
+    """What one learner lets senders hold open. An honest sampler sends one stream at a time."""
+
+    per_peer: int = 4  # open rollout streams per peer
+    total: int = 48  # open rollout streams in all (a gRPC server keeps threads free for weight requests)
+    idle_s: float = 30.0  # longest wait for the next frame of an open stream
+    frame_s: float = 10.0  # a frame's deadline: this, plus its size at `min_bytes_per_s`
+    min_bytes_per_s: float = 256 * 1024
+
+    def frame_deadline(self, size: int) -> float:
+        return self.frame_s + size / self.min_bytes_per_s
+
+
 class InboxCore:
     """What a learner's inbox does whatever the transport: validate each frame, deliver each group
-    at most once into a bounded queue, count and ban. `get(timeout)` hands groups out, oldest first.
-    Transports feed frames to `accept` (asyncio handlers) or `accept_blocking` (threaded servers)."""
+    at most once into a bounded queue shared fairly between senders, count and ban. `get(timeout)`
+    hands groups out, oldest first. Transports feed frames to `accept` (asyncio handlers) or
+    `accept_blocking` (threaded servers), and call `open_stream`/`close_stream` around each stream."""
 
     def __init__(self, *, vocab_size: int, max_staleness: int = default_of(TrainingSettings, "max_staleness"), capacity: int = 256,
                  put_timeout_s: float = 30.0, limits: WireLimits = WireLimits(), remember_uids: int = 100_000,
-                 bans: PeerBans | None = None) -> None:
-        self.vocab_size, self.max_staleness, self.limits = vocab_size, max_staleness, limits
+                 bans: PeerBans | None = None, streams: StreamLimits = StreamLimits()) -> None:
+        self.vocab_size, self.max_staleness, self.limits, self.streams = vocab_size, max_staleness, limits, streams
         self.bans = bans or PeerBans()
-        self.put_timeout_s = put_timeout_s
+        self.put_timeout_s, self.capacity = put_timeout_s, capacity
         self.learner_version = 0  # set by the learner as it steps
         self.stats = InboxStats()
         self._queue: queue.Queue[RolloutGroup] = queue.Queue(maxsize=capacity)
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_uids
         self._lock = threading.Lock()
+        self._open: Counter = Counter()  # peer -> open streams
+        self._queued: Counter = Counter()  # peer -> its groups in the queue
+        self._logged: set[tuple[str, str]] = set()  # (peer, kind of refusal) already logged
 
     def get(self, timeout: float | None = None) -> RolloutGroup | None:
         try:
-            return self._queue.get(timeout=timeout)
+            group = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+        with self._lock:
+            self._queued[group.sender] -= 1
+            if self._queued[group.sender] <= 0:
+                del self._queued[group.sender]
+        return group
+
+    def open_stream(self, peer: str) -> str | None:
+        """Count a stream `peer` opens; the reason to refuse it when it would pass a limit."""
+        with self._lock:
+            if self._open[peer] >= self.streams.per_peer:
+                reason = f"more than {self.streams.per_peer} open rollout streams from one peer"
+            elif sum(self._open.values()) >= self.streams.total:
+                reason = f"the learner has {self.streams.total} rollout streams open; try again later"
+            else:
+                self._open[peer] += 1
+                return None
+        self.stats.reasons["too many streams"] += 1
+        self.note_refusal(peer, reason)
+        return reason
+
+    def close_stream(self, peer: str) -> None:
+        with self._lock:
+            self._open[peer] -= 1
+            if self._open[peer] <= 0:
+                del self._open[peer]
+
+    def share(self) -> int:
+        """How many queued groups one peer may hold now: the capacity split between the peers with
+        a stream open or a group queued (all of it while one peer sends)."""
+        with self._lock:
+            active = len(set(self._open) | set(self._queued))
+        return max(1, self.capacity // max(1, active))
+
+    def _try_put(self, group: RolloutGroup) -> bool:
+        share = self.share()
+        with self._lock:
+            if self._queued[group.sender] >= share:
+                return False
+            try:
+                self._queue.put_nowait(group)
+            except queue.Full:
+                return False
+            self._queued[group.sender] += 1
+            return True
+
+    def note_refusal(self, peer: str, reason: str) -> None:
+        """Log a refusal once per peer and kind (numbers stripped), not once per frame: a flood of
+        garbage must not become a flood of log lines."""
+        key = (peer, re.sub(r"[0-9][0-9.e+-]*", "#", reason)[:120])
+        with self._lock:
+            if key in self._logged:
+                first = False
+            else:
+                if len(self._logged) > 10_000:
+                    self._logged.clear()
+                self._logged.add(key)
+                first = True
+        if first:
+            logger.warning("refused rollouts from %s: %s (further refusals of this kind from it are not logged)", peer, reason)
 
     def qsize(self) -> int:
         return self._queue.qsize()
@@ -81,12 +165,17 @@ class InboxCore:
                 self._seen.popitem(last=False)
             return True
 
-    def penalize(self, peer: str, reason: str) -> None:
+    def penalize(self, peer: str, reason: str, *, ban: bool = False) -> None:
         """Count a group refused for the sender's fault (malformed here, or forged rewards found by
-        the learner) against its sender; repeated offences ban it."""
+        the learner) against its sender; repeated offences ban it, and `ban` bans it at once."""
         self.stats.refused[peer] += 1
-        self.stats.reasons[reason] += 1
-        if peer and self.bans.strike(peer):
+        self.stats.reasons[re.sub(r"[0-9][0-9.e+-]*", "#", reason)[:120]] += 1
+        if not peer:
+            return
+        if ban and self.bans.ban_s > 0:
+            self.bans.ban(peer)
+            logger.warning("banned peer %s for %.0fs: %s", peer, self.bans.ban_s, reason)
+        elif self.bans.strike(peer):
             logger.warning("banned peer %s for %.0fs after repeated bad rollouts (last: %s)", peer, self.bans.ban_s, reason)
 
     def _admit(self, frame: bytes, remote: str):
@@ -100,13 +189,18 @@ class InboxCore:
             uid, group = decode_group(frame, vocab_size=self.vocab_size, learner_version=self.learner_version,
                                       max_staleness=self.max_staleness, limits=self.limits)
         except InvalidRollout as exc:
-            logger.info("refused a rollout group from %s: %s", remote, exc)
+            self.note_refusal(remote, str(exc))
             if exc.blame:
                 self.penalize(remote, str(exc))
             else:
                 self.stats.refused[remote] += 1
                 self.stats.reasons["stale or future version"] += 1
             return {"ok": False, "reason": str(exc)}
+        except Exception as exc:  # noqa: BLE001  the boundary: no frame ends the inbox, whatever it holds
+            reason = f"could not be decoded ({type(exc).__name__})"
+            self.note_refusal(remote, f"{reason}: {exc}")
+            self.penalize(remote, reason)
+            return {"ok": False, "reason": reason}
         group.sender = remote
         if not self._first_time(uid):
             self.stats.duplicates += 1
@@ -127,17 +221,15 @@ class InboxCore:
         if isinstance(admitted, dict):
             return admitted
         uid, group = admitted
-        # While the queue is full this stream (and so the sender) waits: backpressure. Polling, not a
-        # blocking put in a thread, so that closing the inbox never waits on a stuck put.
-        deadline = asyncio.get_running_loop().time() + self.put_timeout_s
-        while True:
-            try:
-                self._queue.put_nowait(group)
-                return self._delivered(uid, group, True)
-            except queue.Full:
-                if asyncio.get_running_loop().time() > deadline:
-                    return self._delivered(uid, group, False)
-                await asyncio.sleep(0.02)
+        # While the queue is full, or this peer holds its share of it, this stream (and so the
+        # sender) waits: backpressure. Polling, not a blocking put in a thread, so that closing the
+        # inbox never waits on a stuck put.
+        deadline = time.monotonic() + self.put_timeout_s
+        while not self._try_put(group):
+            if time.monotonic() > deadline:
+                return self._delivered(uid, group, False)
+            await asyncio.sleep(0.02)
+        return self._delivered(uid, group, True)
 
     def accept_blocking(self, frame: bytes, remote: str) -> dict:
         """The same, for a server thread: blocks while the queue is full (up to put_timeout_s)."""
@@ -145,11 +237,12 @@ class InboxCore:
         if isinstance(admitted, dict):
             return admitted
         uid, group = admitted
-        try:
-            self._queue.put(group, timeout=self.put_timeout_s)
-            return self._delivered(uid, group, True)
-        except queue.Full:
-            return self._delivered(uid, group, False)
+        deadline = time.monotonic() + self.put_timeout_s
+        while not self._try_put(group):
+            if time.monotonic() > deadline:
+                return self._delivered(uid, group, False)
+            time.sleep(0.02)
+        return self._delivered(uid, group, True)
 
 
 class RolloutInbox(InboxCore):
@@ -163,10 +256,18 @@ class RolloutInbox(InboxCore):
         from hivemind.p2p import P2P
 
         remote = str(stream_info.peer_id)
+        refused = self.open_stream(remote)
+        if refused:
+            try:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": refused}), writer)
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            writer.close()
+            return
         try:
             while True:
                 try:
-                    header = await reader.readexactly(P2P.HEADER_LEN)
+                    header = await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), self.streams.idle_s)
                 except asyncio.IncompleteReadError:
                     return  # the sender closed the stream
                 size = int.from_bytes(header, P2P.BYTEORDER)
@@ -174,14 +275,19 @@ class RolloutInbox(InboxCore):
                     self.penalize(remote, "oversized frame")
                     await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
                     return  # cannot resynchronise without reading it: drop the stream
-                frame = await reader.readexactly(size)  # a half-received frame raises here and is dropped
+                # a half-received frame raises here and is dropped; so is one that comes too slowly
+                frame = await asyncio.wait_for(reader.readexactly(size), self.streams.frame_deadline(size))
                 ack = await self.accept(frame, remote)
                 await P2P.send_raw_data(msgpack.packb(ack), writer)
+        except asyncio.TimeoutError:
+            self.stats.reasons["slow sender"] += 1
+            self.note_refusal(remote, "a stream idle or too slow past its deadline was closed")
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             logger.debug("rollout stream from %s broke: %s", remote, exc)
         except asyncio.CancelledError:
             pass  # the inbox is closing; ending quietly keeps asyncio from logging the cancellation
         finally:
+            self.close_stream(remote)
             writer.close()
 
     def close(self) -> None:

@@ -23,8 +23,9 @@ import msgpack
 import torch
 
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
-from swarm.fabric.records import VersionAnnouncement, versions_key
+from swarm.fabric.records import RunSampling, VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import (
+    MAX_PAYLOAD_BYTES,
     CorruptVersion,
     apply_payload_verified,
     encode_delta,
@@ -34,10 +35,6 @@ from swarm.fabric.weight_delta import (
 )
 
 logger = logging.getLogger(__name__)
-# A receiver refuses any single weight payload (a snapshot or delta) announced as larger than this,
-# before reading it: a hostile holder must not make a peer allocate without bound. 4 GiB covers a
-# bf16 snapshot of a 2B-parameter policy.
-MAX_PAYLOAD_BYTES = 4 * 1024**3
 # How many versions a peer keeps in memory (a learner up to this many plus the current one, for
 # deltas to samplers that far behind; a sampler simulating latency this many, or --lag-steps + 2).
 MAX_HELD_VERSIONS = 64
@@ -48,6 +45,17 @@ class OversizedPayload(CorruptVersion):
 
 
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
+
+
+def payload_limit(state: Mapping[str, torch.Tensor] | None) -> int:
+    """The largest weight payload a peer holding a model shaped like `state` accepts: every tensor
+    at 4 bytes an element (float32, the widest dtype a version is published in) or its own width
+    when wider, plus room for names and framing. None (the model's shapes are not known here, as
+    in the vLLM backend): MAX_PAYLOAD_BYTES."""
+    if state is None:
+        return MAX_PAYLOAD_BYTES
+    body = sum(t.numel() * max(t.element_size(), 4) + 512 + len(name) for name, t in state.items())
+    return min(MAX_PAYLOAD_BYTES, body + (1 << 20))
 
 
 def check_payload_size(size: int, holder, limit: int = MAX_PAYLOAD_BYTES) -> int:
@@ -65,6 +73,7 @@ class Announced:
     version: int
     hash: str
     peer_id: str
+    sampling: RunSampling = RunSampling()
 
 
 @dataclass
@@ -78,12 +87,12 @@ class FetchResult:
     seconds: float
 
 
-def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, *, expiry_s: float = 60.0) -> bool:
+def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling, *,
+             expiry_s: float = 60.0) -> bool:
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
-    value = VersionAnnouncement(run_id=run_id, version=version, hash=digest, peer_id=dht.peer_id.to_base58(),
-                                time=float(now)).dict()
+    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
@@ -112,7 +121,7 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
             logger.debug("ignoring an announcement of run %r", ann.run_id)
             continue
         if best is None or ann.version > best.version:
-            best = Announced(ann.version, ann.hash, ann.peer_id)
+            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling)
     return best
 
 
@@ -209,24 +218,41 @@ class WeightServer:
 
 class RebuildingClient:
     """Fetches a version from a holder and rebuilds it against what this peer already holds;
-    transports supply `_payloads(holder, have, want)`."""
+    transports supply `_payloads(holder, have, want)`, each payload at most `max_payload_bytes`."""
+
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
 
     def fetch(self, holder, want: int, want_hash: str, store: VersionStore) -> FetchResult:
         """Version `want` from `holder`, added to `store`. Raises CorruptVersion (nothing is
-        added) when what arrives does not rebuild `want_hash`."""
+        added) when what arrives does not rebuild `want_hash`. Deltas that do not apply (this
+        peer's base is not what the holder thinks) are followed by one request for a snapshot,
+        rather than the same deltas again at every poll."""
+        try:
+            return self._fetch(holder, want, want_hash, store, deltas=True)
+        except CorruptVersion as exc:
+            if not getattr(exc, "from_deltas", False):
+                raise
+            logger.info("deltas to version %d from %s did not apply (%s); asking for a snapshot", want, holder, exc)
+            return self._fetch(holder, want, want_hash, store, deltas=False)
+
+    def _fetch(self, holder, want: int, want_hash: str, store: VersionStore, *, deltas: bool) -> FetchResult:
         started = time.time()
         with store.lock:
-            have = store.latest if store.latest is not None and store.latest < want else None
+            have = store.latest if deltas and store.latest is not None and store.latest < want else None
             base = store.states[have] if have is not None else None
         payloads = self._payloads(holder, have, want)
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
         for payload in payloads:
-            version, state, digest, kind = apply_payload_verified(payload, state)  # raises CorruptVersion on any mismatch
+            try:  # raises CorruptVersion on any mismatch
+                version, state, digest, kind = apply_payload_verified(payload, state, max_bytes=self.max_payload_bytes)
+            except CorruptVersion as exc:
+                exc.from_deltas = have is not None
+                raise
             built.append((version, state, payload, digest, kind))
         if version != want or digest != want_hash:
             raise CorruptVersion(f"holder {holder} sent version {version}, not {want} with the announced hash")
@@ -243,8 +269,8 @@ class RebuildingClient:
 class WeightClient(RebuildingClient):
     """Fetches versions over hivemind p2p streams."""
 
-    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+        self.timeout_s, self.max_payload_bytes = timeout_s, max_payload_bytes
         self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
@@ -265,11 +291,12 @@ class WeightClient(RebuildingClient):
                 header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
             except (ValueError, msgpack.UnpackException) as exc:
                 raise CorruptVersion(f"holder {peer_id} sent an unreadable header: {exc}") from exc
-            if not isinstance(header, dict) or not isinstance(header.get("count", 0), int):
-                raise CorruptVersion(f"holder {peer_id} sent a malformed header")
+            if not isinstance(header, dict) or not isinstance(header.get("count", 0), int) or \
+                    not 0 <= header.get("count", 0) <= MAX_HELD_VERSIONS:
+                raise CorruptVersion(f"holder {peer_id} sent a malformed header (at most {MAX_HELD_VERSIONS} payloads)")
             if not header.get("ok"):
                 raise KeyError(f"holder {peer_id} cannot serve version {want}: {header.get('reason')}")
-            return [await receive(MAX_PAYLOAD_BYTES) for _ in range(header["count"])]
+            return [await receive(self.max_payload_bytes) for _ in range(header["count"])]
         finally:
             writer.close()
 

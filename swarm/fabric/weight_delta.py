@@ -27,6 +27,10 @@ import numpy as np
 import torch
 
 FORMAT = 2
+# No weight payload, received or decompressed, may be larger than this: a hostile holder must not
+# make a peer allocate without bound. 4 GiB covers a float16 snapshot of a 2B-parameter policy;
+# peers pass a tighter bound from their own model's shapes (versions.payload_limit).
+MAX_PAYLOAD_BYTES = 4 * 1024**3
 DTYPES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16,
           "torch.int64": torch.int64, "torch.int32": torch.int32, "torch.uint8": torch.uint8, "torch.bool": torch.bool}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -96,35 +100,56 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
     return b"Z" + zlib.compress(msgpack.packb(body, use_bin_type=True), level)
 
 
-def payload_header(payload: bytes) -> dict:
+def payload_header(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
     """kind, version, base, base_hash, hash of a payload (decodes it; raises CorruptVersion)."""
-    body = _load(payload)
+    body = _load(payload, max_bytes)
     return {k: body[k] for k in ("kind", "version", "base", "base_hash", "hash")}
 
 
-def _load(payload: bytes) -> dict:
+def _inflate(data, max_bytes: int) -> bytes:
+    """zlib data decompressed, refusing output beyond `max_bytes` (a few KB of zeros could
+    otherwise inflate to gigabytes)."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, max_bytes)
+    if inflater.unconsumed_tail:
+        raise CorruptVersion(f"payload decompresses to more than {max_bytes} bytes")
+    if not inflater.eof:
+        raise CorruptVersion("payload's compressed stream is truncated")
+    return out
+
+
+def _load(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
     try:
         codec, data = payload[:1], memoryview(payload)[1:]
         if codec not in (b"Z", b"R"):
             raise ValueError(f"unknown codec {bytes(codec)!r}")
-        body = msgpack.unpackb(zlib.decompress(data) if codec == b"Z" else data, raw=False)
+        body = msgpack.unpackb(_inflate(data, max_bytes) if codec == b"Z" else data, raw=False)
+    except CorruptVersion:
+        raise
     except Exception as exc:  # noqa: BLE001  zlib.error, msgpack errors, ...
         raise CorruptVersion(f"payload does not decode ({type(exc).__name__}: {exc})") from exc
     if not isinstance(body, dict) or body.get("v") != FORMAT or body.get("kind") not in ("delta", "snapshot"):
         raise CorruptVersion("payload is not a weight version of a known format")
+    if not (isinstance(body.get("version"), int) and isinstance(body.get("hash"), str) and isinstance(body.get("tensors"), list)
+            and (body["kind"] == "snapshot" or isinstance(body.get("base_hash"), str))):
+        raise CorruptVersion("payload's header is malformed (version, hash, base_hash or tensors)")
+    body.setdefault("base", None)
     return body
 
 
-def apply_payload(payload: bytes, base: Mapping[str, torch.Tensor] | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+def apply_payload(payload: bytes, base: Mapping[str, torch.Tensor] | None = None, *,
+                  max_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[int, dict[str, torch.Tensor]]:
     """(version, state) from a snapshot, or from a delta applied to `base`. The result's hash is
-    checked against the one the publisher computed: a mismatch raises CorruptVersion."""
-    version, state, _, _ = apply_payload_verified(payload, base)
+    checked against the one the publisher computed: a mismatch raises CorruptVersion. max_bytes
+    bounds the decompressed payload and the state it builds."""
+    version, state, _, _ = apply_payload_verified(payload, base, max_bytes=max_bytes)
     return version, state
 
 
-def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | None = None) -> tuple[int, dict[str, torch.Tensor], str, str]:
+def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | None = None, *,
+                           max_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[int, dict[str, torch.Tensor], str, str]:
     """(version, state, hash, kind): as apply_payload, also returning the verified hash and the kind."""
-    body = _load(payload)
+    body = _load(payload, max_bytes)
     if body["kind"] == "delta":
         if base is None:
             raise CorruptVersion(f"version {body['version']} is a delta against {body['base']}, and no base was given")

@@ -34,10 +34,17 @@ WIRE_VERSION = 1
 @dataclass(frozen=True)
 class WireLimits:
     max_frame_bytes: int = 16 * 1024 * 1024
-    max_completions: int = 512
+    max_completions: int = 64  # completions per group (GEPO's paper uses 8 to 16)
     max_prompt_tokens: int = 32_768
     max_completion_tokens: int = 32_768
     max_text_chars: int = 200_000
+
+    @classmethod
+    def for_run(cls, context_tokens: int | None, max_completion_length: int) -> "WireLimits":
+        """What one group of a run may hold: completions up to the run's longest, prompts up to what
+        the model's context (None: unknown) leaves for them."""
+        context = context_tokens or cls.max_prompt_tokens + max_completion_length
+        return cls(max_completion_tokens=max_completion_length, max_prompt_tokens=max(1, context - max_completion_length))
 
 
 class InvalidRollout(ValueError):
