@@ -47,6 +47,7 @@ from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
 from swarm.fabric.versions import (
     HEADER_LIMIT,
     MAX_HELD_VERSIONS,
+    WEIGHT_REQUEST_LIMIT,
     Announced,
     RebuildingClient,
     check_payload_size,
@@ -59,7 +60,6 @@ logger = logging.getLogger(__name__)
 ROLLOUTS = f"/{SERVICE}.Peer/Rollouts"
 WEIGHTS = f"/{SERVICE}.Peer/Weights"
 RESERVE_WORKERS = 16  # server threads rollout streams can never take: weight requests and refusals run there
-WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 WEIGHT_SEND_S = 30.0  # longest a receiver may take to read one chunk (4 MiB: at least ~140 KB/s)
 REMEMBERED_NAMES = 100_000
 # what a client accepts in one message: a weight chunk and some room, far below the server's limit
@@ -243,6 +243,7 @@ class GrpcRolloutInbox(InboxCore):
             self.note_refusal(remote, f"a stream idle past {self.streams.idle_s:g}s was closed")
 
     def close(self) -> None:
+        self.closed.set()
         self._server.rollout_handler = None
 
 

@@ -87,6 +87,7 @@ class InboxCore:
         self._open: Counter = Counter()  # peer -> open streams
         self._queued: Counter = Counter()  # peer -> its groups in the queue
         self._logged: set[tuple[str, str]] = set()  # (peer, kind of refusal) already logged
+        self.closed = threading.Event()  # set on close: a put waiting for room gives up at once
 
     def get(self, timeout: float | None = None) -> RolloutGroup | None:
         try:
@@ -226,7 +227,7 @@ class InboxCore:
         # inbox never waits on a stuck put.
         deadline = time.monotonic() + self.put_timeout_s
         while not self._try_put(group):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.closed.is_set():
                 return self._delivered(uid, group, False)
             await asyncio.sleep(0.02)
         return self._delivered(uid, group, True)
@@ -239,9 +240,9 @@ class InboxCore:
         uid, group = admitted
         deadline = time.monotonic() + self.put_timeout_s
         while not self._try_put(group):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self.closed.is_set():
                 return self._delivered(uid, group, False)
-            time.sleep(0.02)
+            time.sleep(0.02)  # a server thread stops waiting when the inbox closes (the learner is leaving)
         return self._delivered(uid, group, True)
 
 
@@ -291,6 +292,7 @@ class RolloutInbox(InboxCore):
             writer.close()
 
     def close(self) -> None:
+        self.closed.set()
         self._host.close()
 
 

@@ -45,6 +45,7 @@ class OversizedPayload(CorruptVersion):
 
 
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
+WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 
 
 def payload_limit(state: Mapping[str, torch.Tensor] | None) -> int:
@@ -194,12 +195,20 @@ class WeightServer:
         from hivemind.p2p import P2P
 
         try:
-            request = msgpack.unpackb(await asyncio.wait_for(P2P.receive_raw_data(reader), 30), raw=False)
-            have, want = request.get("have"), request.get("want")
-            try:
-                payloads = self.store.payloads(have if isinstance(have, int) else None, int(want))
-            except (KeyError, TypeError, ValueError) as exc:
-                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": str(exc), "count": 0}), writer)
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), 30), P2P.BYTEORDER)
+            if size > WEIGHT_REQUEST_LIMIT:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"a weight request of {size} bytes", "count": 0}), writer)
+                return
+            try:  # whatever a requester sends, it gets an answer, never an exception in this handler
+                request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
+                have, want = request.get("have"), request.get("want")
+                if not isinstance(want, int) or isinstance(want, bool):
+                    raise ValueError(f"want must be a version number, not {want!r}")
+                payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
+            except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+                raise
+            except Exception as exc:  # noqa: BLE001  garbage, a map without `get`, a version not held
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
                 return
             await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
             for payload in payloads:
@@ -247,12 +256,17 @@ class RebuildingClient:
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
-        for payload in payloads:
+        for step, payload in enumerate(payloads):
             try:  # raises CorruptVersion on any mismatch
                 version, state, digest, kind = apply_payload_verified(payload, state, max_bytes=self.max_payload_bytes)
             except CorruptVersion as exc:
                 exc.from_deltas = have is not None
                 raise
+            # every version kept must be the one its number says: deltas have+1, have+2, ... in
+            # order, or one snapshot of `want` (only the last hash is announced, so a holder must
+            # not get other states stored under earlier numbers)
+            if (version != have + 1 + step) if kind == "delta" else (len(payloads) != 1 or version != want):
+                raise CorruptVersion(f"holder {holder} sent {kind} {version} out of order (asked {have} -> {want})")
             built.append((version, state, payload, digest, kind))
         if version != want or digest != want_hash:
             raise CorruptVersion(f"holder {holder} sent version {version}, not {want} with the announced hash")

@@ -134,6 +134,7 @@ def _load(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
             and (body["kind"] == "snapshot" or isinstance(body.get("base_hash"), str))):
         raise CorruptVersion("payload's header is malformed (version, hash, base_hash or tensors)")
     body.setdefault("base", None)
+    body.setdefault("base_hash", None)
     return body
 
 
@@ -159,6 +160,8 @@ def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | No
     try:
         for entry in body["tensors"]:
             dtype, shape, kind = DTYPES[entry["d"]], tuple(entry["s"]), entry["k"]
+            if not isinstance(entry["n"], str):
+                raise TypeError(f"tensor name {entry['n']!r} is not a string")
             width = torch.empty(0, dtype=dtype).element_size()
             if kind == "dense":
                 state[entry["n"]] = _from_bits(np.frombuffer(entry["b"], dtype=_UINT[width]), dtype, shape)
