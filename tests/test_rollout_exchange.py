@@ -131,3 +131,44 @@ def test_a_peer_sending_garbage_is_banned_then_ignored(make_fabric):
         sender.close()
         good.close()
         inbox.close()
+
+
+@pytest.mark.parametrize("make_fabric", ["hivemind"], indirect=True)  # gRPC: tests/test_grpc_hostile.py
+def test_streams_past_a_peers_limit_are_refused_and_idle_ones_cut(make_fabric):
+    """One peer holding streams open cannot take the learner's streams or its memory: past
+    StreamLimits.per_peer a stream is refused with the reason, an idle one is cut after idle_s,
+    and another peer's groups go through meanwhile."""
+    import asyncio
+
+    from hivemind.p2p import P2P
+
+    from swarm.fabric.rollout_exchange import StreamLimits
+
+    learner, hog, honest = make_fabric(), make_fabric(), make_fabric()
+    inbox = learner.rollout_inbox(vocab_size=VOCAB, streams=StreamLimits(per_peer=2, idle_s=1.5))
+    inbox.learner_version = 3
+    holder, good = hog.rollout_sender(timeout_s=60), honest.rollout_sender(timeout_s=60)
+
+    async def hold_three_streams():
+        streams = [await holder._client.open(learner.peer_id) for _ in range(3)]
+        # the third is refused at once, with the reason, and closed
+        refusal = msgpack.unpackb(await asyncio.wait_for(P2P.receive_raw_data(streams[2][0]), 10), raw=False)
+        # another peer's groups go through while they are held
+        acks = await asyncio.get_running_loop().run_in_executor(None, good.send, learner.peer_id, [group()])
+        assert acks == [{"ok": True}]
+        # the first two are held idle until the learner cuts them: their reads end
+        for reader, _ in streams[:2]:
+            assert await asyncio.wait_for(reader.read(), 10) == b""
+        for _, writer in streams:
+            writer.close()
+        return refusal
+
+    try:
+        refusal = holder._client.run(hold_three_streams(), timeout=30)
+        assert refusal["ok"] is False and "more than 2 open rollout streams" in refusal["reason"]
+        assert inbox.stats.reasons["too many streams"] == 1 and inbox.stats.reasons["slow sender"] == 2
+        assert inbox.bans.banned() == []  # a slow or busy peer is not a hostile one
+    finally:
+        holder.close()
+        good.close()
+        inbox.close()
