@@ -876,7 +876,12 @@ def hivemind_weight_request(swarm, client, raw: bytes):
     async def ask():
         reader, writer = await client.open(swarm.learner.peer_id)
         try:
-            await P2P.send_raw_data(raw, writer)
+            try:
+                await P2P.send_raw_data(raw, writer)
+            except ConnectionError:  # a request over the server's limit: refused, maybe before it was all sent
+                if len(raw) <= 1024:
+                    raise
+                return "closed", None
             try:
                 header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
             except asyncio.IncompleteReadError:

@@ -214,8 +214,9 @@ class InboxCore:
             return {"ok": True}
         with self._lock:
             self._seen.pop(uid, None)  # not delivered: the same group may come again
-        self.stats.reasons["busy"] += 1
-        return {"ok": False, "reason": "busy"}
+        reason = "the learner is leaving" if self.closed.is_set() else "busy"
+        self.stats.reasons[reason] += 1
+        return {"ok": False, "reason": reason}
 
     async def accept(self, frame: bytes, remote: str) -> dict:
         admitted = self._admit(frame, remote)
