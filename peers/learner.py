@@ -54,8 +54,9 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.transports import join
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
+    from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
     from swarm.model.loading import load_policy
-    from swarm.fabric.weight_delta import non_finite_tensors
+    from swarm.fabric.weight_delta import non_finite_tensors, state_hash
     from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
     from swarm.signals import install_stop_signals
     from swarm.tasks import load_problems
@@ -68,8 +69,15 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     run_dir, resume_from = check_run_dir(config)
     torch.manual_seed(config.seed)
 
+    device = resolve_device(config.device)
+    # float32 master weights and optimizer state always; bfloat16 runs forward and backward under
+    # autocast, and versions are published in it (what GPU samplers run, half the bytes)
+    dtype = resolve_dtype(config.dtype, device)
+    publish_dtype = torch_dtype(dtype)
+
     def build_learner(model, tokenizer) -> LearnerCore:
-        return LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
+        return LearnerCore.from_settings(model.to(device), tokenizer.pad_token_id, config,
+                                         autocast_dtype=publish_dtype if dtype != "float32" else None)
 
     if resume_from:
         events = EventLog(run_dir)
@@ -129,7 +137,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     for addr in fabric.addresses():
         echo(f"  --peers {addr}")
 
-    totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0}
+    totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
     sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length)
 
     def heartbeat() -> None:
@@ -139,7 +147,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"]))
 
     def publish() -> None:
-        state = {k: v.detach() for k, v in model.state_dict().items()}
+        state = {k: (v.detach().to(publish_dtype) if v.is_floating_point() else v.detach()) for k, v in model.state_dict().items()}
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
@@ -150,10 +158,17 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
         heartbeat()
 
+    def master_hash() -> str:
+        """The hash of the float32 weights a checkpoint holds (what --resume checks them against);
+        the published version's own hash when it is published in float32."""
+        if dtype == "float32":
+            return store.hashes[core.version]
+        return state_hash({k: v.detach().cpu() for k, v in model.state_dict().items()})
+
     def checkpoint() -> None:
         try:
             path = save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=core.version,
-                                   digest=store.hashes[core.version], config=json.loads(config.model_dump_json()),
+                                   digest=master_hash(), config=json.loads(config.model_dump_json()),
                                    keep=config.keep_checkpoints)
         except OSError as exc:  # a full disk: say so, train on in memory, try again at the next checkpoint
             events.event("checkpoint_failed", version=core.version, error=str(exc))
@@ -198,6 +213,14 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")
+            gap = metrics["fresh_logprob_gap"]
+            if gap == gap and gap > config.fresh_gap_warning:  # NaN: no fresh group this step
+                totals["gap_warnings"] += 1
+                events.event("logprob_gap", version=core.version, gap=gap, threshold=config.fresh_gap_warning)
+                if totals["gap_warnings"] in (1, 10) or totals["gap_warnings"] % 100 == 0:
+                    echo(f"warning: samplers' log-probs differ from the learner's by {gap:.3f} per token on groups of the "
+                         f"current version (threshold {config.fresh_gap_warning:g}): a sampler may not be running the "
+                         "weights it claims (a failed weight update), or runs another precision or model")
             if config.checkpoint_every and core.version % config.checkpoint_every == 0:
                 checkpoint()
         checkpoint()  # at exit, also on Ctrl-C / SIGTERM

@@ -12,6 +12,7 @@ throughput every `progress_every_s`) and config.yaml.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -22,6 +23,25 @@ from pathlib import Path
 
 from swarm.config import SamplerConfig
 
+logger = logging.getLogger(__name__)
+
+
+def load_version(backend, state, previous) -> None:
+    """Swap a version into the backend: only the tensors that changed since `previous` where the
+    backend takes a part (vLLM), checked there; everything once more when a partial update did not
+    take."""
+    import torch
+
+    if not (backend.partial_updates and previous is not None):
+        backend.load_state_dict(state)
+        return
+    changed = {name: t for name, t in state.items() if name not in previous or not torch.equal(t, previous[name])}
+    try:
+        backend.load_state_dict(changed, previous=previous)
+    except RuntimeError as exc:
+        logger.warning("%s; loading the whole version again", exc)
+        backend.load_state_dict(state, previous=None)
+
 
 def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
     from swarm.config import write_config
@@ -31,6 +51,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     from swarm.fabric.transports import join
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
     from swarm.generation import SamplingParams, make_backend
+    from swarm.model.device import resolve_device, resolve_dtype
     from swarm.model.loading import resolve_model_dir
     from swarm.rewards import RewardScorer
     from swarm.runlog import EventLog, write_ready
@@ -45,7 +66,13 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     run_dir = Path(config.run_dir or f"runs/{sampler_id}-{time.strftime('%Y%m%d-%H%M%S')}")
     keys = [decode_learner_key(k) for k in config.learner_keys]
     delay = SecondsDelay.parse(config.pickup_delay)
-    options = {"device": config.device} if config.backend == "transformers" else {}
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if config.backend == "transformers":
+        options = {"device": device, "dtype": dtype}
+    else:
+        options = {"dtype": dtype, "gpu_memory_utilization": config.gpu_memory_utilization, "max_model_len": config.max_model_len,
+                   "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": config.enforce_eager}
     # model and task first: bad ones fail before anything is made
     backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
     problems = shard_for_sampler(load_problems(config.task, config.task_options(), tokenizer=backend.tokenizer), sampler_id)
@@ -98,7 +125,8 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                 swap = time.time()
                 with store.lock:
                     state = store.states[choice]
-                backend.load_state_dict(state)
+                    previous = store.states.get(current) if current is not None else None
+                load_version(backend, state, previous)
                 events.event("version_used", version=choice, newest=follower.newest, swap_seconds=round(time.time() - swap, 4))
                 echo(f"{sampler_id}: now at version {choice} (newest announced {follower.newest}, swap {time.time() - swap:.2f}s)")
                 current = choice

@@ -1,13 +1,14 @@
-"""Evaluate a policy on a task: pass@1 averaged over k samples per prompt, and greedy accuracy. One\nroutine (`evaluate_policy`) serves `swarm eval`, the demo and the in-process trainer."""
+"""Evaluate a policy on a task: pass@1 averaged over k samples per prompt, and greedy accuracy. One
+routine (`evaluate_policy`) serves `swarm eval`, the demo and the in-process trainer."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from swarm.config import EvalSettings, GenerationSettings, TaskSettings, default_of
-from swarm.tasks.base import Problem
+from swarm.tasks.base import Problem, cut_at_stop
 
 
 @dataclass
@@ -15,7 +16,9 @@ class EvalResult:
     model: str
     task: str
     split: str
-    num_problems: int
+    num_problems: int  # problems evaluated
+    problems_in_split: int  # problems the split holds (num_problems is fewer with --eval-problems)
+    rows_skipped: int  # rows of the split without a question or a gold answer (--answer-pattern did not match)
     samples_per_problem: int
     temperature: float
     pass_at_1: float  # mean over problems of (correct samples / k)
@@ -28,15 +31,18 @@ class EvalResult:
         return asdict(self)
 
 
-def score_problems(backend, scorer, problems: Sequence[Problem], params, *, progress=None, job=None, chunk: int = 32):
-    """Generate for each problem and score: returns (per-problem correct fractions, unscorable, tokens)."""
+def score_problems(backend, scorer, problems: Sequence[Problem], params, *, progress=None, job=None, chunk: int = 32,
+                   stop_strings: Sequence[str] = ()):
+    """Generate for each problem and score each completion up to its first stop string: returns
+    (per-problem correct fractions, unscorable, tokens)."""
     fractions: list[float] = []
     unscorable = tokens = 0
     for start in range(0, len(problems), chunk):
         part = problems[start : start + chunk]
         gens = backend.generate([p.prompt for p in part], params)
         for problem, gen in zip(part, gens):
-            rewards = scorer.score(gen.texts, [problem.answer] * len(gen.texts))
+            texts = [cut_at_stop(text, stop_strings) for text in gen.texts]
+            rewards = scorer.score(texts, [problem.answer] * len(texts))
             unscorable += sum(r is None for r in rewards)
             fractions.append(sum(1.0 for r in rewards if r is not None and r > 0.5) / len(rewards))
             tokens += gen.num_tokens()
@@ -46,20 +52,24 @@ def score_problems(backend, scorer, problems: Sequence[Problem], params, *, prog
 
 
 def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: int, temperature: float,
-                    max_completion_length: int, seed: int, greedy: bool = True, progress=None) -> dict:
+                    max_completion_length: int, seed: int, greedy: bool = True, progress=None,
+                    stop_strings: Sequence[str] = ()) -> dict:
     """The one evaluation routine: pass@1 over `samples` completions per problem (seeded) and,
-    with `greedy`, temperature-0 accuracy. Returns {"pass_at_1", "greedy_accuracy", "unscorable",
-    "completion_tokens"}; `progress` is a rich Progress to advance, or None."""
+    with `greedy`, temperature-0 accuracy, each completion scored up to its first stop string.
+    Returns {"pass_at_1", "greedy_accuracy", "unscorable", "completion_tokens"}; `progress` is a
+    rich Progress to advance, or None."""
     from swarm.generation import SamplingParams
 
     sampled = SamplingParams(num_completions=samples, temperature=temperature, max_new_tokens=max_completion_length, seed=seed)
     job = progress.add_task(f"sampling {samples} per problem", total=len(problems)) if progress is not None else None
-    fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=progress, job=job)
+    fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=progress, job=job,
+                                                   stop_strings=stop_strings)
     greedy_accuracy = None
     if greedy:
         job = progress.add_task("greedy decoding", total=len(problems)) if progress is not None else None
         params = SamplingParams(num_completions=1, temperature=0, max_new_tokens=max_completion_length)
-        g_fractions, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=progress, job=job)
+        g_fractions, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=progress, job=job,
+                                                             stop_strings=stop_strings)
         greedy_accuracy = sum(g_fractions) / len(g_fractions)
         unscorable += g_unscorable
         tokens += g_tokens
@@ -67,11 +77,39 @@ def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: in
             "unscorable": unscorable, "completion_tokens": tokens}
 
 
+@dataclass
+class Selection:
+    """The problems an evaluation reads, and how they were chosen (said before it starts)."""
+
+    split: str
+    problems: list[Problem]
+    available: int  # problems the split holds
+    skipped: int  # rows of the split without a question or a gold answer
+    description: str  # what the split is, in words
+
+    def summary(self) -> str:
+        """"20 of 20 problems (every row of gsm)", with the rows left out for want of an answer."""
+        line = f"{len(self.problems)} of {self.available} problems ({self.description})"
+        if self.skipped:
+            line += f"; {self.skipped} rows without a question or a gold answer (see --answer-pattern) left out"
+        return line
+
+
+def select_problems(task, split: str | None, limit: int | None) -> Selection:
+    """The problems of `split` (unset: the task's own evaluation split: a dataset's test split, a
+    single file's every row), at most `limit` of them."""
+    split = split or task.eval_split
+    problems = list(task.problems(split))
+    if not problems:
+        raise ValueError(f"task {task.name!r} has no problems in split {split!r}")
+    return Selection(split, problems[: limit or None], len(problems), task.skipped_rows(split), task.describe_split(split))
+
+
 def evaluate(
     model: str | None,
     task_name: str = default_of(TaskSettings, "task"),
     *,
-    split: str = "test",
+    split: str | None = "test",
     limit: int | None = default_of(EvalSettings, "eval_problems"),
     samples: int = default_of(EvalSettings, "eval_samples"),
     temperature: float = default_of(GenerationSettings, "temperature"),
@@ -82,8 +120,10 @@ def evaluate(
     seed: int = 0,
     show_progress: bool = True,
     task_options: dict | None = None,
+    echo: Callable[[str], None] | None = None,
 ) -> EvalResult:
-    """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after)."""
+    """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after). `split`
+    None is the task's own evaluation split; `echo` hears which problems, before they are evaluated."""
     from rich.progress import Progress
 
     from swarm.generation import make_backend
@@ -94,16 +134,18 @@ def evaluate(
     model_dir = resolve_model_dir(model, progress=show_progress)
     backend = make_backend(backend_name, model_dir, device=device) if backend_name == "transformers" else make_backend(backend_name, model_dir)
     task = load_task(task_name, tokenizer=getattr(backend, "tokenizer", None), **(task_options or {}))
-    problems = list(task.problems(split))[: limit or None]
-    if not problems:
-        raise ValueError(f"task {task_name!r} has no problems in split {split!r}")
+    chosen = select_problems(task, split, limit)
+    if echo is not None:
+        echo(f"evaluating {chosen.summary()}")
     scorer = RewardScorer([("accuracy", 1.0)])
     started = time.time()
     try:
         with Progress(disable=not show_progress, transient=True) as bar:
-            found = evaluate_policy(backend, scorer, problems, samples=samples, temperature=temperature,
-                                    max_completion_length=max_completion_length, seed=seed, greedy=greedy, progress=bar)
+            found = evaluate_policy(backend, scorer, chosen.problems, samples=samples, temperature=temperature,
+                                    max_completion_length=max_completion_length, seed=seed, greedy=greedy, progress=bar,
+                                    stop_strings=task.stop_strings)
     finally:
         scorer.close()
-    return EvalResult(model=model or "embedded", task=task_name, split=split, num_problems=len(problems),
-                      samples_per_problem=samples, temperature=temperature, seconds=round(time.time() - started, 2), **found)
+    return EvalResult(model=model or "embedded", task=task_name, split=chosen.split, num_problems=len(chosen.problems),
+                      problems_in_split=chosen.available, rows_skipped=chosen.skipped, samples_per_problem=samples,
+                      temperature=temperature, seconds=round(time.time() - started, 2), **found)

@@ -9,6 +9,7 @@ fp32) and the importance ratio p/q is exactly 1 on fresh data.
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor
 
 # A token outside the top-k / top-p set has probability 0 under the processed distribution. That
@@ -58,19 +59,46 @@ def completion_logprobs(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    chunk: int = 0,
 ) -> Tensor:
     """Learner side: log-probs (B, Tc) of completion tokens given left-padded prompts.
 
     prompt_ids / prompt_mask: (B, Tp), left-padded (as samplers generate).
     completion_ids / completion_mask: (B, Tc), right-padded.
     Position ids follow the attention mask, as in generation, so padding never shifts positions.
+    chunk > 0: the vocabulary logits of at most `chunk` completion tokens (over all sequences) exist
+    at a time (the output layer runs per chunk, and again per chunk in backward), so the float32
+    (B, Tc, vocab) logits of the whole micro-batch never do: at most chunk x vocab x 4 bytes per
+    copy (2048 tokens of Qwen3's 151,936-token vocabulary: 1.2 GB). The result is the same. Models without a separate
+    decoder and output layer take the whole-logits path.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask], dim=1).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
     tp = prompt_ids.size(1)
-    # logits at position j predict token j + 1: completion token t is predicted at tp + t - 1.
-    logits = out.logits[:, tp - 1 : -1, :]
-    logprobs = gather_logprobs(logits, completion_ids, temperature, top_k, top_p)
+    head = model.get_output_embeddings() if chunk > 0 else None
+    decoder = getattr(model, model.base_model_prefix, None) if head is not None else None
+    if decoder is None:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
+        # logits at position j predict token j + 1: completion token t is predicted at tp + t - 1.
+        logits = out.logits[:, tp - 1 : -1, :]
+        logprobs = gather_logprobs(logits, completion_ids, temperature, top_k, top_p)
+    else:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                         use_cache=False).last_hidden_state[:, tp - 1 : -1, :]
+
+        def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
+            return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
+
+        b, t = completion_ids.shape
+        flat_hidden, flat_tokens = hidden.reshape(b * t, -1), completion_ids.reshape(b * t)
+        parts = []
+        for start in range(0, b * t, chunk):
+            h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
+            if torch.is_grad_enabled() and h.requires_grad:
+                # backward recomputes this chunk's logits instead of keeping them
+                parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
+            else:
+                parts.append(chunk_logprobs(h, tokens))
+        logprobs = torch.cat(parts).reshape(b, t)
     return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob

@@ -5,6 +5,7 @@ schema of steps.jsonl). No I/O: the swarm learner and the in-process trainer bot
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Sequence
@@ -15,6 +16,7 @@ from swarm.advantages import group_advantages
 from swarm.logprobs import completion_logprobs
 from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
+from swarm.losses.base import BatchTotals, batch_totals
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
@@ -44,13 +46,48 @@ def staleness_histogram(staleness: list[int]) -> dict[str, int]:
     return hist
 
 
+def plan_micro_batches(groups: Sequence[RolloutGroup], max_groups: int, max_tokens: int | None) -> list[list[RolloutGroup]]:
+    """Consecutive groups, whole, into micro-batches of at most `max_groups` groups and (when set)
+    `max_tokens` padded tokens: rows x (longest prompt + longest completion) of the micro-batch, the
+    size of its padded tensors. A group larger than `max_tokens` goes alone."""
+    batches: list[list[RolloutGroup]] = []
+    current: list[RolloutGroup] = []
+    rows = prompt = completion = 0
+    for g in groups:
+        g_prompt, g_completion = len(g.prompt_ids), max((len(c) for c in g.completion_ids), default=0)
+        grown = (rows + g.size) * (max(prompt, g_prompt) + max(completion, g_completion))
+        if current and (len(current) >= max_groups or (max_tokens is not None and grown > max_tokens)):
+            batches.append(current)
+            current, rows, prompt, completion = [], 0, 0, 0
+        current.append(g)
+        rows, prompt, completion = rows + g.size, max(prompt, g_prompt), max(completion, g_completion)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def totals_of(groups: Sequence[RolloutGroup]) -> BatchTotals:
+    lengths = [len(c) for g in groups for c in g.completion_ids]
+    return BatchTotals(sequences=sum(n > 0 for n in lengths), tokens=sum(lengths), rows=len(lengths),
+                       width=max(max(lengths, default=0), 1))
+
+
+# Metrics that are the micro-batch's part of the whole batch's value inside `batch_totals` (they
+# add up); the rest are means over the micro-batch, weighted by its share of sequences.
+ADDITIVE_METRICS = ("loss", "policy_loss", "kl_penalty")
+
+
 class LearnerCore:
     """Owns the trainable policy and its optimizer; `version` counts optimizer steps.
 
     learning_rate: AdamW learning rate, warmed up over `lr_warmup_steps` versions.
     max_grad_norm: gradient clipping (<= 0 disables).
-    micro_batch_groups: groups per forward/backward (gradients accumulate across micro-batches; a
-    group is never split, since GEPO's expectation is taken over a whole group).
+    micro_batch_groups / micro_batch_tokens: groups and padded tokens per forward/backward;
+    gradients accumulate across micro-batches, and the step is the one-batch step up to float
+    rounding (a group is never split, since GEPO's expectation is taken over a whole group).
+    logprob_chunk: completion positions whose logits exist at once (swarm.logprobs; 0: all).
+    autocast_dtype: run forward and backward under torch.autocast in this dtype (bfloat16), the
+    parameters and optimizer state staying in their own (float32 master weights); None: off.
     advantage_mode: None takes the loss's own (std for GRPO/GEPO, no_std for Dr.GRPO, beta for BNPO).
     """
 
@@ -62,9 +99,15 @@ class LearnerCore:
         loss: LossConfig | None = None,
         learning_rate: float = default_of(TrainingSettings, "learning_rate"),
         lr_warmup_steps: int = default_of(TrainingSettings, "lr_warmup_steps"),
-        weight_decay: float = 0.0,
+        weight_decay: float = default_of(TrainingSettings, "weight_decay"),
+        betas: tuple[float, float] = (default_of(TrainingSettings, "adam_beta1"), default_of(TrainingSettings, "adam_beta2")),
+        adam_epsilon: float = default_of(TrainingSettings, "adam_epsilon"),
         max_grad_norm: float = default_of(TrainingSettings, "max_grad_norm"),
-        micro_batch_groups: int = 16,
+        micro_batch_groups: int = default_of(TrainingSettings, "micro_batch_groups"),
+        micro_batch_tokens: int | None = default_of(TrainingSettings, "micro_batch_tokens"),
+        logprob_chunk: int = default_of(TrainingSettings, "logprob_chunk"),
+        gradient_checkpointing: bool = default_of(TrainingSettings, "gradient_checkpointing"),
+        autocast_dtype: torch.dtype | None = None,
         advantage_mode: str | None = None,
         version: int = 0,
     ) -> None:
@@ -73,20 +116,36 @@ class LearnerCore:
         self.loss = loss or LossConfig()
         self.advantage_mode = advantage_mode or LOSSES[self.loss.name].advantage_mode
         self.max_grad_norm = max_grad_norm
-        self.micro_batch_groups = micro_batch_groups
+        self.micro_batch_groups, self.micro_batch_tokens, self.logprob_chunk = micro_batch_groups, micro_batch_tokens, logprob_chunk
+        self.autocast_dtype = autocast_dtype
         self.learning_rate, self.lr_warmup_steps = learning_rate, lr_warmup_steps
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=(0.9, 0.99))
+        if gradient_checkpointing:  # activations are recomputed in backward (renamed in transformers 5)
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=betas,
+                                           eps=adam_epsilon)
         self.version = version
 
     @classmethod
     def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
         """The learner for a role's training settings (LearnerConfig or TrainerConfig)."""
         return cls(model, pad_token_id, loss=settings.loss, learning_rate=settings.learning_rate,
-                   lr_warmup_steps=settings.lr_warmup_steps, max_grad_norm=settings.max_grad_norm, **kwargs)
+                   lr_warmup_steps=settings.lr_warmup_steps, max_grad_norm=settings.max_grad_norm,
+                   weight_decay=settings.weight_decay, betas=(settings.adam_beta1, settings.adam_beta2),
+                   adam_epsilon=settings.adam_epsilon, micro_batch_groups=settings.micro_batch_groups,
+                   micro_batch_tokens=settings.micro_batch_tokens, logprob_chunk=settings.logprob_chunk,
+                   gradient_checkpointing=settings.gradient_checkpointing, **kwargs)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def step(self, groups: Sequence[RolloutGroup]) -> dict[str, float]:
         """One optimizer step on `groups`; returns metrics (loss's own plus reward, staleness, ...).
@@ -103,26 +162,30 @@ class LearnerCore:
             param_group["lr"] = learning_rate
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_seqs = sum(g.size for g in groups)
+        totals = totals_of(groups)
         sums: dict[str, float] = {}
-        for start in range(0, len(groups), self.micro_batch_groups):
-            chunk = groups[start : start + self.micro_batch_groups]
+        fresh_gap, fresh_tokens = 0.0, 0  # sampler-learner log-prob gap on groups of the current version
+        dev = self.device
+        for chunk in plan_micro_batches(groups, self.micro_batch_groups, self.micro_batch_tokens):
             batch = collate(chunk, self.pad_token_id)
-            dev = self.device
             # advantages per group only need the group's own rewards, so chunking does not change them
             adv = group_advantages(batch.rewards, batch.group_ids, self.advantage_mode)
-            learner = completion_logprobs(
-                self.model, batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
-                batch.completion_mask.to(dev), temperature=temperature, top_k=top_k, top_p=top_p,
-            )
-            out = compute_loss(
-                LossInputs(learner, batch.sampler_logprobs.to(dev), batch.completion_mask.to(dev), adv.to(dev), batch.group_ids.to(dev)),
-                self.loss,
-            )
-            share = batch.completion_ids.size(0) / total_seqs
-            (out.loss * share).backward()
+            mask = batch.completion_mask.to(dev)
+            with self._autocast():
+                learner = completion_logprobs(
+                    self.model, batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
+                    mask, temperature=temperature, top_k=top_k, top_p=top_p, chunk=self.logprob_chunk,
+                )
+            sampler = batch.sampler_logprobs.to(dev)
+            with batch_totals(totals):
+                out = compute_loss(LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev)), self.loss)
+            out.loss.backward()
+            share = batch.completion_ids.size(0) / totals.rows
             for k, v in out.metrics_as_floats().items():
-                sums[k] = sums.get(k, 0.0) + v * share
+                sums[k] = sums.get(k, 0.0) + (v if k in ADDITIVE_METRICS else v * share)
+            fresh = (batch.versions.to(dev) == self.version)[:, None] * mask
+            fresh_gap += float(((learner.detach().float() - sampler).abs() * fresh).sum())
+            fresh_tokens += int(fresh.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         )
@@ -146,6 +209,9 @@ class LearnerCore:
             staleness_hist=staleness_histogram(staleness),
             groups=float(len(groups)),
             completion_tokens=float(sum(g.num_tokens() for g in groups)),
+            # mean |log p - log q| per token over groups sampled from the version stepped from: near
+            # 0 when samplers run these weights; a standing alarm for a broken weight sync
+            fresh_logprob_gap=fresh_gap / fresh_tokens if fresh_tokens else float("nan"),
             version=float(self.version),
             step=self.version,
             optimizer_seconds=time.time() - started,

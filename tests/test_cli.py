@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -52,6 +53,29 @@ def test_eval_table_on_a_local_dataset(tmp_path):
               "--limit", "5", "--samples", "1", "--no-greedy")
     assert out.returncode == 0, out.stderr
     assert "pass@1" in out.stdout and "sums" in out.stdout
+    # the train split of a single file is its rows less the 10% hold-out (here 1 row); --limit takes 5 of them
+    assert "evaluating 5 of 29 problems (sums's rows less their 10% hold-out)" in out.stderr
+    assert "5 of 29" in out.stdout
+
+
+def test_eval_reads_every_row_of_a_gsm8k_style_file_and_says_so():
+    gsm = Path(__file__).parent / "data" / "gsm8k_style.jsonl"
+    out = run("eval", "--task", str(gsm), "--answer-pattern", r"####\s*(.+)", "--stop", "\nQuestion:", "--samples", "1",
+              "--no-greedy", "--max-completion-length", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["split"], result["num_problems"], result["problems_in_split"], result["rows_skipped"]) == ("all", 9, 9, 1)
+    assert ("evaluating 9 of 9 problems (every row of gsm8k_style); 1 rows without a question or a gold answer "
+            "(see --answer-pattern) left out") in out.stderr
+
+
+def test_eval_of_a_hub_model_fails_at_once_without_the_hub(tmp_path):
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), HF_HUB_OFFLINE="0")
+    started = time.time()
+    out = subprocess.run([*SWARM, "eval", "--model", "someone/some-model"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "model 'someone/some-model' is not a local directory and the Hugging Face hub cannot be reached" in out.stderr
+    assert time.time() - started < 30  # the interpreter and torch starting; transformers' retries took ~50 s
 
 
 @pytest.mark.parametrize(
@@ -62,6 +86,10 @@ def test_eval_table_on_a_local_dataset(tmp_path):
         (["eval", "--task", "gsm8k"], "unknown task 'gsm8k'"),
         (["eval", "--samples", "0"], "--eval-samples: Input should be greater than or equal to 1"),
         (["eval", "--backend", "tgi"], "Invalid value for '--backend'"),
+        (["eval", "--task", "x.jsonl", "--answer-pattern", "####(.+"], "--answer-pattern: '####(.+' is not a regular expression"),
+        (["eval", "--answer-pattern", "####(.+)"], "--answer-pattern applies to dataset tasks"),
+        (["eval", "--task", "x.jsonl", "--prompt-template", "Q:"], "--prompt-template: 'Q:' has no {question}"),
+        (["eval", "--split", "dev"], "Invalid value for '--split'"),
     ],
 )
 def test_bad_input_names_itself_and_exits_2(args, message):

@@ -40,11 +40,12 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         # reported and training goes on
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "checkpoints").write_text("")
-        # the run's sampling settings are the learner's: samplers take them from its announcements
+        # the run's sampling settings are the learner's: samplers take them from its announcements;
+        # it trains under bfloat16 autocast and publishes bfloat16 versions
         procs.append(spawn("learner", "--peers", addr, "--steps", "6", "--groups-per-step", "2", "--run-dir",
                            str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), "--checkpoint-every", "3",
                            "--temperature", "0.9", "--top-p", "0.95", "--max-completion-length", "12",
-                           "--verify-fraction", "1", log=log))
+                           "--verify-fraction", "1", "--dtype", "bfloat16", log=log))
         key = ready(tmp_path / "run", procs[1])["learner_key"]
         assert (tmp_path / "run" / "learner.key").read_text().strip() == key
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)

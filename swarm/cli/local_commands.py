@@ -18,7 +18,10 @@ from swarm.config import DemoConfig, EvalConfig
 @config_options(EvalConfig)
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print the result as JSON")
 def eval_command(config_file, as_json, **options):
-    """Accuracy of a policy on a task: pass@1 over --eval-samples samples per problem, and greedy accuracy."""
+    """Accuracy of a policy on a task: pass@1 over --eval-samples samples per problem, and greedy accuracy.
+
+    Reads a dataset's own test split, every row of a single file, or the arithmetic test split
+    (--split chooses), and says which problems before it starts."""
     from swarm.evaluation import evaluate
 
     config = config_from_options("eval", config_file, options)
@@ -28,6 +31,7 @@ def eval_command(config_file, as_json, **options):
             temperature=config.temperature, max_completion_length=config.max_completion_length, greedy=config.greedy,
             backend_name=config.backend, device=config.device, seed=config.seed,
             show_progress=not as_json and sys.stderr.isatty(), task_options=config.task_options(),
+            echo=lambda line: click.echo(line, err=True),  # stderr: --json keeps stdout to the result
         )
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
@@ -35,9 +39,10 @@ def eval_command(config_file, as_json, **options):
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result.model} on {result.task} ({result.split}, {result.num_problems} problems)")
+    table = Table(title=f"{result.model} on {result.task} ({result.split})")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    table.add_row("problems", f"{result.num_problems} of {result.problems_in_split}")
     table.add_row(f"pass@1 (k={result.samples_per_problem}, T={result.temperature:g})", f"{100 * result.pass_at_1:.1f}%")
     if result.greedy_accuracy is not None:
         table.add_row("greedy accuracy", f"{100 * result.greedy_accuracy:.1f}%")

@@ -11,6 +11,7 @@ from pydantic import field_validator, model_validator
 from swarm.config.base import Settings, aliased, same_as, setting
 from swarm.config.settings import (
     GENERATION_BACKENDS,
+    DeviceSettings,
     TRANSPORTS,
     Directory,
     ListenHost,
@@ -30,8 +31,25 @@ ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a conf
 # One config per role
 
 
-class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
+# The embedded policy answers in a dozen tokens; a real model reasons for hundreds before its answer
+REAL_MODEL_COMPLETION_LENGTH = 1024
+
+
+def real_model_completion_length(config):
+    """A model other than the embedded one gets REAL_MODEL_COMPLETION_LENGTH completion tokens
+    unless max_completion_length was given."""
+    if "max_completion_length" not in config.model_fields_set and config.model != "embedded":
+        config.max_completion_length = REAL_MODEL_COMPLETION_LENGTH
+    return config
+
+
+class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSettings):
     """`swarm learner`: trains on rollouts from samplers and publishes versions."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto", group="device", help="precision of forward and backward: bfloat16 runs them under autocast with float32 "
+                                     "master weights and optimizer state, and publishes versions in bfloat16 (what GPU "
+                                     "samplers run); auto is bfloat16 on a GPU, float32 on a CPU")
 
     # The run's sampling settings: announced with every version, samplers generate with them, and
     # groups sampled otherwise are refused
@@ -41,6 +59,9 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
     max_completion_length: int = same_as(GenerationSettings, "max_completion_length",
                                          help="the run's longest completion in tokens (samplers use it; longer ones are refused)")
     max_age_s: float = setting(1800.0, group="training", gt=0, help="groups older than this many seconds are dropped")
+    fresh_gap_warning: float = setting(
+        0.05, group="training", gt=0, help="warn when samplers' log-probs on groups of the current version differ from the "
+                                           "learner's by more than this per token (a failed weight sync; bf16 samplers: ~0.002)")
     wait_s: float = setting(120.0, group="training", gt=0, help="say so when no rollouts arrive for this many seconds")
     run_dir: Optional[Directory] = setting(None, group="output", help="logs, checkpoints and config (unset: runs/learner-TIME)")
     checkpoint_every: int = setting(10, group="output", ge=0, help="steps between checkpoints (0: only at exit)")
@@ -49,6 +70,8 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
     ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
     ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
     ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
+
+    _completion_length = model_validator(mode="after")(real_model_completion_length)
     verify_fraction: float = setting(
         0.25, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version "
                                               "(a sampler caught lying is banned; 0: trust samplers)")
@@ -57,7 +80,7 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings):
                                        "on float32, bfloat16 and float16 samplers: benchmarks/logprob_tolerance.py)")
 
 
-class SamplerConfig(SwarmSettings, TaskSettings):
+class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings):
     """`swarm sampler`: generates and scores rollouts with the newest version it may use, sampled
     as the learner announces (temperature, top-k, top-p, longest completion)."""
 
@@ -73,7 +96,12 @@ class SamplerConfig(SwarmSettings, TaskSettings):
     backend: Literal[GENERATION_BACKENDS] = setting(  # type: ignore[valid-type]
         "transformers", group="sampler", help="generation backend: transformers (CPU or GPU) or vllm (GPU, the optional "
                                               "vllm extra; not yet verified on a GPU by this project)")
-    device: str = setting("cpu", group="sampler", help="torch device of the transformers backend (cpu, cuda, cuda:1, ...)")
+    gpu_memory_utilization: float = setting(0.85, group="vllm", gt=0, le=1,
+                                            help="vllm backend: share of the GPU's memory the engine may take")
+    max_model_len: Optional[int] = setting(None, group="vllm", ge=1, help="vllm backend: longest prompt + completion "
+                                                                           "(unset: the model's own context)")
+    tensor_parallel_size: int = setting(1, group="vllm", ge=1, help="vllm backend: GPUs one engine spans")
+    enforce_eager: bool = setting(False, group="vllm", help="vllm backend: no CUDA graphs (slower; starts faster, less memory)")
     wait_s: float = setting(60.0, group="sampler", gt=0,
                             help="at start-up, give up when no learner has announced a version for this many seconds")
     pickup_delay: str = setting("none", group="sampler",
@@ -122,6 +150,8 @@ class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSett
         0, group="evaluation", ge=0, help="steps between measurements of the error of the estimated expected advantage "
                                           "(swarm.diagnostics; 0: never; costs fresh samples)")
 
+    _completion_length = model_validator(mode="after")(real_model_completion_length)
+
     @field_validator("delay")
     @classmethod
     def _delay(cls, spec: str) -> str:
@@ -152,9 +182,15 @@ class BootstrapConfig(Settings):
 
 
 class EvalConfig(TaskSettings, EvalSettings):
-    """`swarm eval`: accuracy of a policy on a task's held-out split."""
+    """`swarm eval`: accuracy of a policy on a task: a dataset's own test split, every row of a
+    file, or the arithmetic task's test split, unless told otherwise."""
 
-    split: Literal["train", "test"] = setting("test", group="evaluation", help="which split to evaluate on")
+    split: Optional[Literal["all", "train", "test"]] = setting(
+        None, group="evaluation", help="which problems to evaluate: all, train, or test (a dataset's own test split; a "
+                                       "single file's 10% hold-out); unset: a dataset's test split, else every row, "
+                                       "or the arithmetic test split")
+    eval_problems: Optional[int] = setting(None, group="evaluation", aliases=("limit",), ge=1,
+                                           help="evaluate only the split's first N problems (unset: every one)")
     temperature: float = same_as(GenerationSettings, "temperature")
     max_completion_length: int = same_as(GenerationSettings, "max_completion_length")
     greedy: bool = setting(True, group="evaluation", help="also measure temperature-0 accuracy")

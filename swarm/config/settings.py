@@ -132,15 +132,70 @@ class TaskSettings(Settings):
     """Which policy and task (every peer of a run must use the same)."""
 
     model: str = setting("embedded", group="task", help="policy: 'embedded', a model directory or a hub id")
-    task: str = setting("arithmetic", group="task", help="'arithmetic', a local jsonl/json/parquet/csv file or a dataset id")
+    task: str = setting("arithmetic", group="task", help="'arithmetic', a local jsonl/json/parquet/csv file, a directory "
+                                                         "of them named by split (train.jsonl, test.jsonl) or a dataset id")
     difficulty: int = setting(2, group="task", ge=1, le=4, help="arithmetic task difficulty")
+    dataset_config: Optional[str] = setting(None, group="task", help="dataset tasks: the hub dataset's configuration "
+                                                                     "(GSM8K: main)")
     question_column: str = setting("question", group="task", help="dataset tasks: the question column")
     answer_column: str = setting("answer", group="task", help="dataset tasks: the answer column")
+    answer_pattern: Optional[str] = setting(
+        None, group="task", help="dataset tasks: a regex that finds the gold answer in the answer column: its first group, "
+                                 "or the whole match (GSM8K: '####\\s*(.+)'); rows it does not match are left out")
+    prompt_template: str = setting("{question}\nPut the final answer in \\boxed{}.", group="task",
+                                   help="dataset tasks: the prompt, with {question} where the question goes")
+    system_prompt: Optional[str] = setting(None, group="task", help="dataset tasks: a system message before the prompt")
+    apply_chat_template: bool = setting(True, group="task", help="dataset tasks: wrap prompts in the tokenizer's chat "
+                                                                 "template when it has one (--no-apply-chat-template: plain text)")
+    stop_strings: list[str] = setting(list, group="task", aliases=("stop",),
+                                      help="a completion ends at the first of these (repeatable); what follows is not scored")
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _pattern_compiles(cls, pattern: Optional[str]) -> Optional[str]:
+        import re
+
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc}); GSM8K's is '####\\s*(.+)'") from None
+        return pattern
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template_has_question(cls, template: str) -> str:
+        if "{question}" not in template:
+            raise ValueError(f"{template!r} has no {{question}}: write {{question}} where the question goes")
+        return template
+
+    @field_validator("stop_strings")
+    @classmethod
+    def _no_empty_stop(cls, stops: list[str]) -> list[str]:
+        if any(not s for s in stops):
+            raise ValueError("an empty stop string would end every completion at once; drop it")
+        return stops
+
+    @model_validator(mode="after")
+    def _options_fit_the_task(self):
+        """An option the task ignores is a mistake to report, not to drop silently."""
+        dataset_only = ("dataset_config", "question_column", "answer_column", "answer_pattern", "prompt_template",
+                        "system_prompt", "apply_chat_template")
+        given = [name for name in dataset_only if getattr(self, name) != TaskSettings.model_fields[name].default]
+        if self.task == "arithmetic" and given:
+            raise ValueError(f"--{given[0].replace('_', '-')} applies to dataset tasks, not the built-in arithmetic task; "
+                             "drop it, or pass --task FILE or a dataset id")
+        if self.task != "arithmetic" and self.difficulty != TaskSettings.model_fields["difficulty"].default:
+            raise ValueError("--difficulty applies to the built-in arithmetic task only; drop it")
+        return self
 
     def task_options(self) -> dict:
+        """What `swarm.tasks.load_task` takes for this task: every peer's prompts, answers and stop strings."""
         if self.task == "arithmetic":
-            return {"difficulty": self.difficulty}
-        return {"question_column": self.question_column, "answer_column": self.answer_column}
+            return {"difficulty": self.difficulty, "stop_strings": list(self.stop_strings)}
+        return {name: getattr(self, name) for name in ("dataset_config", "question_column", "answer_column", "answer_pattern",
+                                                       "prompt_template", "system_prompt", "apply_chat_template",
+                                                       "stop_strings")}
 
 
 class TrainingSettings(Settings):
@@ -151,6 +206,22 @@ class TrainingSettings(Settings):
     lr_warmup_steps: int = setting(5, group="optimizer", ge=0,
                                    help="linear learning-rate warm-up over the first versions (damps Adam's sign-like first steps)")
     max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
+    weight_decay: float = setting(0.0, group="optimizer", ge=0, help="AdamW weight decay")
+    adam_beta1: float = setting(0.9, group="optimizer", ge=0, lt=1, help="AdamW beta1")
+    adam_beta2: float = setting(0.99, group="optimizer", ge=0, lt=1,
+                                help="AdamW beta2 (0.99 rather than torch's 0.999: RL steps are few and noisy)")
+    adam_epsilon: float = setting(1e-8, group="optimizer", gt=0, help="AdamW epsilon")
+    micro_batch_groups: int = setting(16, group="training", ge=1,
+                                      help="groups per forward/backward; gradients accumulate over micro-batches (a group "
+                                           "is never split: GEPO's expectation is over a whole group)")
+    micro_batch_tokens: Optional[int] = setting(
+        None, group="training", ge=1, help="also cap a micro-batch at this many padded tokens (prompt + completion, summed "
+                                           "over its sequences); a group larger than the cap goes alone")
+    logprob_chunk: int = setting(2048, group="training", ge=0,
+                                 help="completion tokens whose vocabulary logits are computed at once (and again in "
+                                      "backward), so float32 (batch, length, vocab) logits never exist whole; 0: all at once")
+    gradient_checkpointing: bool = setting(False, group="training", help="recompute activations in backward (less memory, "
+                                                                         "about a third more compute)")
     steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
     groups_per_step: int = setting(
         32, group="training", aliases=("prompts_per_step",), ge=1,
@@ -179,6 +250,14 @@ class GenerationSettings(Settings):
     top_k: int = setting(0, group="generation", ge=0, help="sample from the k most likely tokens only (0: all)")
     top_p: float = setting(1.0, group="generation", gt=0, le=1, help="nucleus sampling: the smallest set of tokens "
                                                                         "holding this much probability (1: all)")
+
+
+class DeviceSettings(Settings):
+    """Where a peer runs its policy, and in which precision (swarm.model.device resolves "auto")."""
+
+    device: str = setting("auto", group="device", help="torch device: auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = setting(
+        "auto", group="device", help="precision of the policy: auto is bfloat16 on a GPU, float32 on a CPU")
 
 
 class EvalSettings(Settings):

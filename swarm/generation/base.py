@@ -52,6 +52,10 @@ class GenerationBackend(Protocol):
         """G completions for each prompt, in prompt order."""
         ...
 
-    def load_state_dict(self, state_dict: Mapping[str, "object"]) -> None:
-        """Replace the policy weights in place (a new policy version)."""
+    partial_updates: bool  # whether load_state_dict takes only the tensors that changed
+
+    def load_state_dict(self, state_dict: Mapping[str, "object"], previous: Mapping[str, "object"] | None = None) -> None:
+        """Replace the policy weights in place (a new policy version). With `partial_updates`, only
+        the tensors that changed since `previous` (the version held now) may be given. Raises
+        RuntimeError when the backend can tell that the update did not take."""
         ...

@@ -36,7 +36,10 @@ class TransformersBackend:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    partial_updates = False  # every tensor, every time (strict)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], previous: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Copy a whole version into the model (cast to its dtype, on its device)."""
         self.model.load_state_dict(state_dict, strict=True)
 
     @torch.no_grad()

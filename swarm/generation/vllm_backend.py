@@ -18,11 +18,35 @@ def _load_weights_on_worker(worker, items):
     worker.model_runner.model.load_weights(weights=items)
 
 
+def _fingerprint_on_worker(worker) -> float:
+    """The float64 sum of every parameter the worker's model holds (fused or sharded, the elements
+    are the same as the checkpoint's, so sums of differences match)."""
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.detach().double().sum() for p in worker.model_runner.model.parameters()))
+
+
+def expected_change(old: Mapping[str, "object"], new: Mapping[str, "object"], *, tied: bool) -> float:
+    """sum(new) - sum(old) over the tensors in `new`, in float64, as the engine should see it (a
+    tied output layer is the embedding, held once)."""
+    total = 0.0
+    for name, tensor in new.items():
+        if tied and name == "lm_head.weight":
+            continue
+        before = old.get(name)
+        total += float(tensor.double().sum()) - (float(before.double().sum()) if before is not None else 0.0)
+    return total
+
+
 class VLLMBackend:
     name = "vllm"
 
+    partial_updates = True  # load_weights takes any subset of the tensors
+
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.85,
-                 max_model_len: int | None = None, seed: int = 0) -> None:
+                 max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                 seed: int = 0) -> None:
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -37,14 +61,32 @@ class VLLMBackend:
             seed=seed,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
 
-    def load_state_dict(self, state_dict: Mapping[str, "object"]) -> None:
-        items = list(state_dict.items())
-        self.llm.collective_rpc(_load_weights_on_worker, args=(items,))
-        # cached KV blocks were computed by the old weights
-        self.llm.reset_prefix_cache()
+    def load_state_dict(self, state_dict: Mapping[str, "object"], previous: Mapping[str, "object"] | None = None) -> None:
+        """Load `state_dict` (all tensors, or only those that changed since `previous`) into the
+        running engine. With `previous`, check that the engine really took it: a silent failure to
+        update is a known bug of other trainers (TRL #5312). The parameters' float64 sum must move
+        by exactly what the new tensors' sums say (garbage in vocabulary padding cancels out)."""
+        before = self._fingerprint() if previous is not None else None
+        self.llm.collective_rpc(_load_weights_on_worker, args=(list(state_dict.items()),))
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
+        if previous is None:
+            return
+        moved = self._fingerprint() - before
+        expected = expected_change(previous, state_dict, tied=self.tied)
+        scale = sum(float(t.double().abs().sum()) for t in state_dict.values()) or 1.0
+        if abs(moved - expected) > 1e-9 * scale + 1e-6:
+            raise RuntimeError(f"the vLLM engine did not take the new weights: its parameters moved by {moved:.6g}, "
+                               f"the update by {expected:.6g}")
+
+    def _fingerprint(self) -> float:
+        # every tensor-parallel rank holds its own shard: the model's sum is the sum of theirs
+        return sum(self.llm.collective_rpc(_fingerprint_on_worker))
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:
         from vllm import SamplingParams as VSamplingParams

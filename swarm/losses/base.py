@@ -7,6 +7,8 @@ dtype (bf16 log-probs are upcast; gradients flow back to the original tensor).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,15 +80,43 @@ def sequence_logprob(token_logprobs: Tensor, mask: Tensor, mode: SeqLogprobMode)
     raise ValueError(f"unknown sequence log-prob mode {mode!r}; use 'mean' or 'sum'")
 
 
+@dataclass(frozen=True)
+class BatchTotals:
+    """Counts over a whole optimizer batch, for a loss computed one micro-batch at a time: inside
+    `batch_totals(...)` the loss reductions divide by these instead of the micro-batch's own, so
+    the micro-batch losses add up to exactly the loss of the whole batch (a mean over each
+    micro-batch, weighted by its share of sequences, would not be: token means weight by tokens,
+    Dr.GRPO's constant by the padded width)."""
+
+    sequences: int  # sequences with at least one completion token
+    tokens: int  # completion tokens
+    rows: int  # sequences, empty ones included
+    width: int  # the longest completion
+
+
+_TOTALS: ContextVar[BatchTotals | None] = ContextVar("batch_totals", default=None)
+
+
+@contextmanager
+def batch_totals(totals: BatchTotals):
+    token = _TOTALS.set(totals)
+    try:
+        yield
+    finally:
+        _TOTALS.reset(token)
+
+
 def valid_sequences(mask: Tensor) -> Tensor:
     """(B,) float: 1 for sequences with at least one completion token."""
     return (mask.sum(-1) > 0).to(mask.dtype)
 
 
 def mean_over_sequences(x: Tensor, mask: Tensor) -> Tensor:
-    """(B,) -> scalar: mean over the sequences that have tokens."""
+    """(B,) -> scalar: mean over the sequences that have tokens (of the whole batch, inside
+    `batch_totals`)."""
     valid = valid_sequences(mask)
-    return (x * valid).sum() / valid.sum().clamp(min=1)
+    totals = _TOTALS.get()
+    return (x * valid).sum() / (valid.sum().clamp(min=1) if totals is None else max(totals.sequences, 1))
 
 
 # Token-level normalisers: how per-token objectives become one scalar. Kept apart from the
@@ -100,12 +130,21 @@ def normalise_seq_mean(per_token: Tensor, mask: Tensor, max_len: int | None = No
 
 def normalise_token_mean(per_token: Tensor, mask: Tensor, max_len: int | None = None) -> Tensor:
     """Sum over all tokens of the batch / number of tokens (BNPO, CISPO, DAPO)."""
+    totals = _TOTALS.get()
+    return masked_sum(per_token, mask) / (mask.sum().clamp(min=1) if totals is None else max(totals.tokens, 1))
+
+
+def local_token_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+    """Token mean over these tokens only, whatever `batch_totals` says (for diagnostics)."""
     return masked_sum(per_token, mask) / mask.sum().clamp(min=1)
 
 
 def normalise_fixed_length(per_token: Tensor, mask: Tensor, max_len: int | None = None) -> Tensor:
     """Sum over all tokens / (B * max_len): Dr.GRPO's length-unbiased constant normaliser."""
     b, t = mask.shape
+    totals = _TOTALS.get()
+    if totals is not None:
+        b, t = totals.rows, totals.width
     return masked_sum(per_token, mask) / (b * (max_len or t))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from swarm.losses.base import MAX_LOG_RATIO, normalise_token_mean
+from swarm.losses.base import MAX_LOG_RATIO, local_token_mean, normalise_token_mean
 
 
 def k3_penalty(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -21,7 +21,7 @@ def kl_sampler_learner(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask:
     """Per-token KL(q || p) estimated on tokens drawn from the sampler q: E_q[r - 1 - log r] with
     r = p / q is unbiased and never negative (k3 with the ratio the right way round)."""
     log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return normalise_token_mean(torch.exp(log_r) - 1.0 - log_r, mask)
+    return local_token_mean(torch.exp(log_r) - 1.0 - log_r, mask)
 
 
 @torch.no_grad()
@@ -29,4 +29,4 @@ def kl_learner_sampler(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask:
     """Per-token KL(p || q), the GEPO paper's staleness diagnostic, estimated on tokens drawn from
     q by importance weighting: E_q[r log r] with r = p / q."""
     log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return normalise_token_mean(torch.exp(log_r) * log_r, mask)
+    return local_token_mean(torch.exp(log_r) * log_r, mask)

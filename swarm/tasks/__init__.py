@@ -1,29 +1,30 @@
 """Tasks: what prompts samplers answer and what the gold answers are.
 
-- base.py       - Problem, the Task protocol, prompt building, deterministic sharding per sampler.
+- base.py       - Problem, the Task protocol, prompt building, stop strings, deterministic sharding per sampler.
 - synthetic.py  - the built-in arithmetic task (no download; gold answers checked by math-verify).
-- dataset.py    - any Hugging Face dataset id or local jsonl / json / parquet / csv file.
+- dataset.py    - any Hugging Face dataset id, local directory or local jsonl / json / parquet / csv file,
+                  with its own splits or a hash hold-out.
 """
 
 from __future__ import annotations
 
-from swarm.tasks.base import Problem, Task, build_prompt, shard_for_sampler
+from swarm.tasks.base import SPLITS, Problem, Task, build_prompt, cut_at_stop, shard_for_sampler
 
 BUILTIN_TASKS = ("arithmetic",)
 
 
-def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, **dataset_options) -> Task:
-    """"arithmetic" (the built-in task), or a dataset id / local file for `DatasetTask`."""
+def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, stop_strings=(), **dataset_options) -> Task:
+    """"arithmetic" (the built-in task), or a dataset id / local file or directory for `DatasetTask`."""
     from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, looks_local
     from swarm.tasks.synthetic import ArithmeticTask
 
     if name_or_path == "arithmetic":
-        return ArithmeticTask(difficulty=difficulty)
+        return ArithmeticTask(difficulty=difficulty, stop_strings=tuple(stop_strings))
     if looks_local(name_or_path) or "/" in name_or_path:
-        return DatasetTask(name_or_path, tokenizer=tokenizer, **dataset_options)
+        return DatasetTask(name_or_path, tokenizer=tokenizer, stop_strings=tuple(stop_strings), **dataset_options)
     raise ValueError(
         f"unknown task {name_or_path!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), a local "
-        f"{'/'.join(LOCAL_FORMATS)} file, or a dataset id like 'owner/name'"
+        f"{'/'.join(LOCAL_FORMATS)} file or a directory of them, or a dataset id like 'owner/name'"
     )
 
 
@@ -35,4 +36,5 @@ def load_problems(name_or_path: str, options: dict, *, tokenizer=None, split: st
     return problems
 
 
-__all__ = ["BUILTIN_TASKS", "Problem", "Task", "build_prompt", "load_problems", "load_task", "shard_for_sampler"]
+__all__ = ["BUILTIN_TASKS", "SPLITS", "Problem", "Task", "build_prompt", "cut_at_stop", "load_problems", "load_task",
+           "shard_for_sampler"]

@@ -6,19 +6,43 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
-DEFAULT_TEMPLATE = "{question}\n" + BOXED_INSTRUCTION.replace("{}", "{{}}")
+from swarm.config import TaskSettings, default_of
+
+QUESTION_SLOT = "{question}"
+# Filled by plain replacement, not str.format: a template may hold LaTeX braces (\boxed{}) as written.
+DEFAULT_TEMPLATE: str = default_of(TaskSettings, "prompt_template")
+# What a task's problems(split) accepts: every row, the part to train on, the held-out part.
+SPLITS = ("all", "train", "test")
 
 
-def build_prompt(question: str, tokenizer=None, template: str = DEFAULT_TEMPLATE) -> str:
+def check_template(template: str) -> str:
+    """A prompt template must say where the question goes."""
+    if QUESTION_SLOT not in template:
+        raise ValueError(f"prompt template must contain '{QUESTION_SLOT}' where the question goes, got {template!r}")
+    return template
+
+
+def build_prompt(question: str, tokenizer=None, template: str = DEFAULT_TEMPLATE, *, system_prompt: str | None = None,
+                 apply_chat_template: bool = True) -> str:
     """The text a policy sees: the template filled in, wrapped in the tokenizer's chat template
-    when it has one (instruction-tuned models expect it)."""
-    text = template.format(question=question)
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-    return text
+    when it has one and `apply_chat_template` (instruction-tuned models expect it). Without a chat
+    template, a system prompt goes before the text, separated by a blank line."""
+    text = check_template(template).replace(QUESTION_SLOT, question)
+    if apply_chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001  jinja raises its own types (a template without a system role)
+            raise ValueError(f"the tokenizer's chat template cannot build a prompt ({exc}); drop --system-prompt "
+                             "or use --no-apply-chat-template") from exc
+    return f"{system_prompt}\n\n{text}" if system_prompt else text
+
+
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """`text` up to the first occurrence of any stop string (the stop string itself dropped), as a
+    completion is scored: what a policy writes after a stop string is not part of its answer."""
+    cut = min((i for i in (text.find(s) for s in stop_strings if s) if i >= 0), default=len(text))
+    return text[:cut]
 
 
 @dataclass(frozen=True)
@@ -31,8 +55,18 @@ class Problem:
 
 class Task(Protocol):
     name: str
+    stop_strings: tuple[str, ...]  # completions are cut at the first of these before scoring
+    eval_split: str  # the split `swarm eval` reads unless told: "test" or "all"
 
     def problems(self, split: str = "train") -> Sequence[Problem]: ...
+
+    def skipped_rows(self, split: str) -> int:
+        """Rows of `split` left out for want of a question or a gold answer."""
+        ...
+
+    def describe_split(self, split: str) -> str:
+        """What `split` is, in words ("every row of gsm.jsonl", "the test split of openai/gsm8k")."""
+        ...
 
 
 def shard_for_sampler(problems: Sequence[Problem], sampler_id: str, num_shards: int | None = None) -> list[Problem]:

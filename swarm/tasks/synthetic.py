@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from swarm.tasks.base import Problem
+from swarm.tasks.base import SPLITS, Problem
 
 SPLIT_SEEDS = {"train": 0, "test": 1}
 # distinct expressions each difficulty can produce (d >= 3: effectively unbounded)
@@ -48,13 +48,16 @@ class ArithmeticTask:
 
     difficulty: int = 2
     size: int = 2000
+    stop_strings: tuple[str, ...] = ()  # completions are cut at the first of these before scoring
     name: str = field(init=False, default="arithmetic")
+    eval_split: str = field(init=False, default="test")  # held out by construction
 
     def __post_init__(self) -> None:
         if not 1 <= self.difficulty <= 4:
             raise ValueError(f"arithmetic difficulty must be 1..4, got {self.difficulty}")
         if self.size < 1:
             raise ValueError(f"task size must be >= 1, got {self.size}")
+        self.stop_strings = tuple(self.stop_strings)
 
     @cached_property
     def _splits(self) -> dict[str, list[Problem]]:
@@ -78,6 +81,14 @@ class ArithmeticTask:
         return splits
 
     def problems(self, split: str = "train") -> list[Problem]:
-        if split not in SPLIT_SEEDS:
-            raise ValueError(f"unknown split {split!r} for the arithmetic task; use 'train' or 'test'")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r} for the arithmetic task; use one of: {', '.join(SPLITS)}")
+        if split == "all":
+            return self._splits["train"] + self._splits["test"]
         return self._splits[split]
+
+    def skipped_rows(self, split: str) -> int:
+        return 0  # every generated problem has its answer
+
+    def describe_split(self, split: str) -> str:
+        return {"all": "every arithmetic problem (train and test)"}.get(split, f"the arithmetic {split} split")
