@@ -121,6 +121,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         verifier = LogprobVerifier(model, store.states, lock=store.lock, pad_token_id=tokenizer.pad_token_id,
                                    fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
         intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                             stop_strings=config.stop_strings,
                              max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
                              temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=verifier,
                              banned=lambda peer: inbox.bans.remaining(peer) > 0)
@@ -138,7 +139,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         echo(f"  --peers {addr}")
 
     totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
-    sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length)
+    sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
+                           tuple(config.stop_strings))
 
     def heartbeat() -> None:
         digest = store.hashes[core.version]

@@ -133,11 +133,16 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
             if follower.sampling != sampling:
                 sampling = follower.sampling
                 params = SamplingParams(num_completions=config.num_generations, temperature=sampling.temperature,
-                                        top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens)
+                                        top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
+                                        stop_strings=list(sampling.stop))
                 events.event("sampling", temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                             max_tokens=sampling.max_tokens)
+                             max_tokens=sampling.max_tokens, stop=list(sampling.stop))
                 echo(f"{sampler_id}: sampling as the learner announces: temperature {sampling.temperature:g}, top-k "
-                     f"{sampling.top_k}, top-p {sampling.top_p:g}, at most {sampling.max_tokens} tokens")
+                     f"{sampling.top_k}, top-p {sampling.top_p:g}, at most {sampling.max_tokens} tokens, stop strings "
+                     f"{list(sampling.stop) or 'none'}")
+                if config.stop_strings and tuple(config.stop_strings) != sampling.stop:
+                    echo(f"{sampler_id}: warning: --stop-strings {config.stop_strings} ignored; the learner's run stops at "
+                         f"{list(sampling.stop)}")
             batch = [problems[rng.randrange(len(problems))] for _ in range(config.prompts_per_round)]
             groups = produce_rollouts(backend, scorer, batch, params, version=current, sampler_id=sampler_id)
             tokens = sum(g.num_tokens() for g in groups)

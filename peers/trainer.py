@@ -60,13 +60,14 @@ def run_trainer(
     by_id = {p.problem_id: p for p in train}
     ring = PolicyRing(capacity=min(config.max_staleness, delay.max_steps) + 1)
     ring.publish(0, model)
-    params = SamplingParams(num_completions=config.num_generations, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                            max_new_tokens=config.max_completion_length)
+    params = SamplingParams(num_completions=config.num_generations, temperature=config.temperature, top_k=config.top_k,
+                            top_p=config.top_p, max_new_tokens=config.max_completion_length, stop_strings=config.stop_strings)
 
     def evaluate(step: int) -> dict:
         model.eval()
         found = evaluate_policy(evaluator, scorer, test, samples=config.eval_samples, temperature=config.temperature,
-                                max_completion_length=config.max_completion_length, seed=10_000 + config.seed)
+                                max_completion_length=config.max_completion_length, seed=10_000 + config.seed,
+                                stop_strings=config.stop_strings)
         result = {"step": step, "pass_at_1": found["pass_at_1"], "greedy_accuracy": found["greedy_accuracy"]}
         if on_eval:
             on_eval(result)

@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Callable
+from typing import Callable, Sequence
 
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
+from swarm.tasks.base import cut_at_stop
 from swarm.verification import LogprobVerifier
 
 logger = logging.getLogger(__name__)
@@ -32,15 +33,16 @@ class GroupIntake:
     def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
                  max_age_s: float, penalize: Callable[[str, str], None], temperature: float, top_k: int = 0,
                  top_p: float = 1.0, scorer: RewardScorer | None = None, verifier: LogprobVerifier | None = None,
-                 banned: Callable[[str], bool] = lambda peer: False) -> None:
+                 banned: Callable[[str], bool] = lambda peer: False, stop_strings: Sequence[str] = ()) -> None:
         """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
         them (the tokenizer's batch_decode without special tokens). penalize(peer, reason, ban=False):
         a strike against the sender (ban: at once). temperature, top_k, top_p: the run's sampling
         settings. verifier: recomputes the log-probs of a fraction of groups (None: none). banned(peer):
-        whether a sender is banned now (its groups still queued when the ban came are dropped)."""
+        whether a sender is banned now (its groups still queued when the ban came are dropped).
+        stop_strings: the run's; a completion is scored up to its first one, and must end there."""
         self.answers, self.max_staleness, self.max_age_s, self.penalize = answers, max_staleness, max_age_s, penalize
         self.decode, self.sampling, self.verifier = decode, (float(temperature), int(top_k), float(top_p)), verifier
-        self.banned = banned
+        self.banned, self.stop_strings = banned, tuple(stop_strings)
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
 
@@ -74,7 +76,11 @@ class GroupIntake:
             self.penalize(group.sender, "unknown problem")
             return False
         texts = self.decode(group.completion_ids)
-        rescored = self.scorer.score(texts, [gold] * group.size)
+        if self.stop_strings and self._runs_past_stop(group, texts):
+            self.dropped["tokens past a stop string"] += 1
+            self.penalize(group.sender, "tokens past a stop string")
+            return False
+        rescored = self.scorer.score([cut_at_stop(t, self.stop_strings) for t in texts], [gold] * group.size)
         if any(a is not None and b is not None and abs(a - b) > REWARD_TOLERANCE for a, b in zip(rescored, group.rewards)):
             self.dropped["reward mismatch"] += 1
             self.penalize(group.sender, "reward mismatch")
@@ -91,6 +97,16 @@ class GroupIntake:
                 return False
         group.rewards, group.completion_texts = rescored, texts
         return True
+
+    def _runs_past_stop(self, group: RolloutGroup, texts: list[str]) -> bool:
+        """Whether a completion goes on after the token that completes a stop string: what follows
+        would be trained on and never scored. (Samplers cut there: swarm.sampling.truncate_at_stop.)"""
+        for ids, text in zip(group.completion_ids, texts):
+            if cut_at_stop(text, self.stop_strings) != text:
+                before = self.decode([ids[:-1]])[0]
+                if cut_at_stop(before, self.stop_strings) != before:
+                    return True
+        return False
 
     def close(self) -> None:
         self.scorer.close()

@@ -85,3 +85,35 @@ def test_a_group_that_breaks_a_check_is_refused_not_raised(tokenizer):
     finally:
         intake.close()
     assert intake.dropped == {"could not be checked": 1} and strikes == [("peer-a", "could not be checked")]
+
+
+def test_completions_end_at_the_runs_stop_string(tokenizer):
+    """The learner scores a completion up to its first stop string, and refuses one whose tokens go
+    on after it (they would be trained on and never scored); samplers cut there themselves."""
+    from swarm.generation.base import Generation
+    from swarm.sampling import truncate_at_stop
+
+    stops = ["\nQ:"]
+    ids = tokenizer.encode("\\boxed{42}\nQ: and \\boxed{7}", add_special_tokens=False)
+    full = Generation([1], [ids], [[-1.0] * len(ids)], [tokenizer.decode(ids, skip_special_tokens=True)], [False])
+    cut = truncate_at_stop(full, tokenizer, stops)
+    kept = cut.completion_ids[0]
+    assert 0 < len(kept) < len(ids) and kept == ids[: len(kept)] and len(cut.completion_logprobs[0]) == len(kept)
+    assert "\nQ:" in cut.texts[0] and "\nQ:" not in tokenizer.decode(kept[:-1], skip_special_tokens=True)
+    assert truncate_at_stop(full, tokenizer, ["never written"]).completion_ids == [ids]
+
+    strikes = []
+    intake = GroupIntake({"p1": "42"}, decode=lambda batch: tokenizer.batch_decode(batch, skip_special_tokens=True),
+                         max_staleness=4, max_age_s=60, penalize=lambda peer, reason: strikes.append(reason),
+                         temperature=1.0, stop_strings=stops)
+    try:
+        def sent(tokens):
+            return RolloutGroup(problem_id="p1", prompt_ids=[1, 2], completion_ids=[tokens, tokens],
+                                sampler_logprobs=[[-1.0] * len(tokens)] * 2, rewards=[1.0, 1.0], version=5, sampler_id="s",
+                                sender="peer-a")
+
+        assert intake.accept(sent(kept), learner_version=5)  # scored on "\boxed{42}", the stop string cut
+        assert not intake.accept(sent(ids), learner_version=5)  # "\boxed{7}" after the stop would be trained on
+        assert strikes == ["tokens past a stop string"]
+    finally:
+        intake.close()

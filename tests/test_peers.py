@@ -45,7 +45,7 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         procs.append(spawn("learner", "--peers", addr, "--steps", "6", "--groups-per-step", "2", "--run-dir",
                            str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), "--checkpoint-every", "3",
                            "--temperature", "0.9", "--top-p", "0.95", "--max-completion-length", "12",
-                           "--verify-fraction", "1", "--dtype", "bfloat16", log=log))
+                           "--verify-fraction", "1", "--dtype", "bfloat16", "--stop-strings", "Question:", log=log))
         key = ready(tmp_path / "run", procs[1])["learner_key"]
         assert (tmp_path / "run" / "learner.key").read_text().strip() == key
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)
@@ -74,7 +74,7 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         assert [e["version"] for e in learner_events if e["event"] == "checkpoint_failed"] == [3, 6, 6]  # every 3, at exit
         sampler_events = read_jsonl(events)
         sampling = next(e for e in sampler_events if e["event"] == "sampling")
-        assert (sampling["temperature"], sampling["top_p"], sampling["max_tokens"]) == (0.9, 0.95, 12)
+        assert (sampling["temperature"], sampling["top_p"], sampling["max_tokens"], sampling["stop"]) == (0.9, 0.95, 12, ["Question:"])
         used = [e["version"] for e in sampler_events if e["event"] == "version_used"]
         assert used and max(used) >= 1, sampler_events[-5:]  # followed the learner
         fetched = [e for e in sampler_events if e["event"] == "version_fetched"]

@@ -11,7 +11,7 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
-from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, constr
+from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist, constr
 
 from swarm import __version__
 from swarm.config import GenerationSettings, SwarmSettings, default_of
@@ -44,6 +44,7 @@ class RunSampling:
     top_k: int = default_of(GenerationSettings, "top_k")
     top_p: float = default_of(GenerationSettings, "top_p")
     max_tokens: int = default_of(GenerationSettings, "max_completion_length")  # longest completion
+    stop: tuple[str, ...] = ()  # a completion ends with the first of these it writes
 
 
 class VersionAnnouncement(BaseModel):
@@ -60,16 +61,17 @@ class VersionAnnouncement(BaseModel):
     top_k: conint(ge=0, le=1 << 20, strict=True)
     top_p: confloat(gt=0, le=1, strict=True)
     max_tokens: conint(ge=1, le=1 << 20, strict=True)
+    stop: conlist(constr(min_length=1, max_length=64, strict=True), max_items=16) = []
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling) -> "VersionAnnouncement":
         return cls(run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
-                   max_tokens=int(sampling.max_tokens))
+                   max_tokens=int(sampling.max_tokens), stop=list(sampling.stop))
 
     @property
     def sampling(self) -> RunSampling:
-        return RunSampling(self.temperature, self.top_k, self.top_p, self.max_tokens)
+        return RunSampling(self.temperature, self.top_k, self.top_p, self.max_tokens, tuple(self.stop))
 
 
 def members_key(run_id: str) -> str:

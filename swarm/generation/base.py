@@ -24,6 +24,8 @@ class SamplingParams(BaseModel):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     max_new_tokens: int = Field(default_of(GenerationSettings, "max_completion_length"), ge=1)
     seed: int | None = Field(None, description="seed for reproducible sampling (None: not reseeded)")
+    stop_strings: list[str] = Field(default_factory=list, description="a completion ends with the first of these it "
+                                                                      "writes (its tokens up to and including it)")
 
     @property
     def greedy(self) -> bool:

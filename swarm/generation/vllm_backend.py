@@ -99,6 +99,9 @@ class VLLMBackend:
             max_tokens=params.max_new_tokens,
             seed=params.seed,
             logprobs=0,  # the sampled token's own log-prob
+            # stop at a stop string, keeping its tokens: the same completion truncate_at_stop makes
+            stop=list(params.stop_strings) or None,
+            include_stop_str_in_output=True,
         )
         outputs = self.llm.generate(list(prompts), sp, use_tqdm=False)
         eos = self.tokenizer.eos_token_id
