@@ -117,6 +117,7 @@ def evaluate(
     greedy: bool = True,
     backend_name: str = "transformers",
     device: str = "cpu",
+    dtype: str = "auto",
     seed: int = 0,
     show_progress: bool = True,
     task_options: dict | None = None,
@@ -132,7 +133,11 @@ def evaluate(
     from swarm.tasks import load_task
 
     model_dir = resolve_model_dir(model, progress=show_progress)
-    backend = make_backend(backend_name, model_dir, device=device) if backend_name == "transformers" else make_backend(backend_name, model_dir)
+    from swarm.model.device import resolve_dtype
+
+    dtype = resolve_dtype(dtype, device)
+    options = {"device": device, "dtype": dtype} if backend_name == "transformers" else {"dtype": dtype}
+    backend = make_backend(backend_name, model_dir, **options)
     task = load_task(task_name, tokenizer=getattr(backend, "tokenizer", None), **(task_options or {}))
     chosen = select_problems(task, split, limit)
     if echo is not None:

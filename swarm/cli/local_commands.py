@@ -29,7 +29,7 @@ def eval_command(config_file, as_json, **options):
         result = evaluate(
             config.model, config.task, split=config.split, limit=config.eval_problems, samples=config.eval_samples,
             temperature=config.temperature, max_completion_length=config.max_completion_length, greedy=config.greedy,
-            backend_name=config.backend, device=config.device, seed=config.seed,
+            backend_name=config.backend, device=config.device, dtype=config.dtype, seed=config.seed,
             show_progress=not as_json and sys.stderr.isatty(), task_options=config.task_options(),
             echo=lambda line: click.echo(line, err=True),  # stderr: --json keeps stdout to the result
         )

@@ -196,7 +196,10 @@ class EvalConfig(TaskSettings, EvalSettings):
     greedy: bool = setting(True, group="evaluation", help="also measure temperature-0 accuracy")
     backend: Literal[GENERATION_BACKENDS] = same_as(SamplerConfig, "backend")  # type: ignore[valid-type]
     device: str = same_as(SamplerConfig, "device")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = same_as(SamplerConfig, "dtype")
     seed: int = same_as(TrainingSettings, "seed")
+
+    _completion_length = model_validator(mode="after")(real_model_completion_length)
 
 
 class DemoConfig(TrainerConfig):
