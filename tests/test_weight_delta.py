@@ -328,10 +328,14 @@ def _mutated(rnd: random.Random, body: dict) -> dict:
         listing = body["classes"]
         op = rnd.choice(("count", "id", "drop", "dup", "junk"))
         i = rnd.randrange(len(listing))
+        # an earlier round may have left a non-int there: nudge only numbers
+        def nudged(value):
+            return value + rnd.choice((-1, 1)) if isinstance(value, int) else 0
+
         if op == "count":
-            listing[i][1] = rnd.choice((0, -1, listing[i][1] + rnd.choice((-1, 1)), 2**40, 2**64 - 1))
+            listing[i][1] = rnd.choice((0, -1, nudged(listing[i][1]), 2**40, 2**64 - 1))
         elif op == "id":
-            listing[i][0] = rnd.choice((-1, wd.NUM_CLASSES, listing[i][0] + rnd.choice((-1, 1)), 2**63))
+            listing[i][0] = rnd.choice((-1, wd.NUM_CLASSES, nudged(listing[i][0]), 2**63))
         elif op == "drop":
             del listing[i]
         elif op == "dup":
