@@ -111,7 +111,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             events.event("resumed", checkpoint=str(resume_from.path), version=core.version)
         store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
         server = fabric.weight_server(store)
-        inbox = fabric.rollout_inbox(vocab_size=len(tokenizer), max_staleness=config.max_staleness,
+        # the ids a policy can emit: its output layer's rows, which models pad past the tokenizer
+        # (Qwen3: 151,936 rows for 151,669 tokens), so an honest sampler may draw a padding id
+        vocab = max(len(tokenizer), model.get_output_embeddings().weight.shape[0])
+        inbox = fabric.rollout_inbox(vocab_size=vocab, max_staleness=config.max_staleness,
                                      # a short queue: backpressure holds samplers back instead of
                                      # letting a backlog of old groups raise staleness
                                      capacity=config.groups_per_step * 2,

@@ -185,7 +185,8 @@ class InboxCore:
         if left > 0:
             self.stats.refused[remote] += 1
             self.stats.reasons["banned"] += 1
-            return {"ok": False, "reason": f"banned for another {left:.0f}s after repeated bad rollouts"}
+            # one reason for every banned frame (a sampler counts refusals by reason), the time apart
+            return {"ok": False, "reason": "banned after repeated bad rollouts", "retry_after_s": round(left)}
         try:
             uid, group = decode_group(frame, vocab_size=self.vocab_size, learner_version=self.learner_version,
                                       max_staleness=self.max_staleness, limits=self.limits)
