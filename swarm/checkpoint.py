@@ -42,6 +42,8 @@ def checkpoint_dir(run_dir: Path) -> Path:
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int, digest: str, config: dict,
                     keep: int = 3) -> Path:
     root = checkpoint_dir(run_dir)
+    for partial in root.glob(".tmp-*"):  # left by a writer killed mid-checkpoint (SIGKILL): never complete
+        shutil.rmtree(partial, ignore_errors=True)
     final = root / f"{PREFIX}{version:06d}"
     if (final / STATE_FILE).exists():
         return final  # this version is already saved (e.g. checkpoint-every hit just before exit)
