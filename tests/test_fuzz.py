@@ -1,8 +1,8 @@
 """Property-based fuzzing (hypothesis) of every decoder and handler that takes bytes or requests
-from other peers: the rollout wire format (decode_group), weight payloads (apply_payload,
-payload_header), the gRPC registry's handlers, the learner's inbox (InboxCore), and, end to end
-over real loopback servers, the rollout inbox and the weight server of both transports and the
-gRPC registry server.
+from other peers: here the rollout wire format (decode_group), the gRPC registry's handlers and the
+learner's inbox (InboxCore), called directly, and the strategies and invariants shared with
+test_fuzz_payloads.py (weight payloads) and test_fuzz_peers.py (real loopback servers of both
+transports).
 
 Inputs start from valid messages and are mutated: byte flips, truncations, extensions, insertions,
 structured changes of the decoded maps (keys dropped, values swapped for values of other types:
@@ -15,29 +15,24 @@ always tried first."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import random
 import time
 import tracemalloc
-import zlib
 
 import msgpack
 import numpy as np
 import pytest
-import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.fabric.bans import PeerBans
-from swarm.fabric.grpc_common import SERVICE, Caller, key_id, owner_key, pack, peer_id_of, unpack, verify_owner_signature
+from swarm.fabric.grpc_common import Caller, key_id, owner_key, pack, peer_id_of, unpack, verify_owner_signature
 from swarm.fabric.grpc_registry import Registry
 from swarm.fabric.records import Heartbeat, MemberRecord, VersionAnnouncement
 from swarm.fabric.rollout_exchange import InboxCore
-from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
 from swarm.fabric.wire import WIRE_VERSION, InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
@@ -343,143 +338,7 @@ def test_random_bytes_are_refused(frame):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. weight payloads
-
-def small_states():
-    gen = torch.Generator().manual_seed(7)
-    base = {"emb": torch.randn(4, 3, generator=gen), "norm": torch.randn(5, generator=gen).to(torch.bfloat16),
-            "bias": torch.randn(2, generator=gen), "head": torch.randn(2, 8, generator=gen).to(torch.bfloat16)}
-    new = {k: v.clone() for k, v in base.items()}
-    new["emb"][1, 2] += 1.0  # one element: a sparse entry
-    new["norm"] += 1.0  # all: a dense entry
-    new["head"][0, 0] = 3.0  # bias unchanged: a "same" entry
-    other = {k: v.clone() + 2 for k, v in base.items()}  # not the base the delta is against
-    return base, new, other
-
-
-BASE, NEW, OTHER = small_states()
-NEW_HASH = state_hash(NEW)
-SNAPSHOT = encode_snapshot(NEW, 3)
-DELTA = encode_delta(BASE, NEW, base_version=2, version=3)
-BODY_KEYS = ("v", "kind", "version", "base", "base_hash", "hash", "tensors")
-ENTRY_KEYS = ("n", "d", "s", "k", "i", "b")
-PLAUSIBLE = {
-    "n": st.sampled_from(sorted(NEW) + ["missing", ""]),
-    "d": st.sampled_from(("torch.float32", "torch.bfloat16", "torch.float16", "torch.int64", "torch.int32", "torch.uint8",
-                          "torch.bool", "torch.float64", "float32")),
-    "s": st.lists(st.integers(-2, 13) | st.sampled_from((2**31, 2**63 - 1, 2**64 - 1)), max_size=3),
-    "k": st.sampled_from(("same", "sparse", "dense", "delta", "")),
-    "i": st.lists(st.integers(0, 2**32 - 1) | st.integers(0, 20), max_size=6).map(lambda xs: np.asarray(xs, np.uint32).tobytes()),
-    "b": st.binary(max_size=80),
-}
-
-
-def body_of(payload: bytes) -> tuple[bytes, dict]:
-    codec = payload[:1]
-    return codec, msgpack.unpackb(zlib.decompress(payload[1:]) if codec == b"Z" else payload[1:], raw=False)
-
-
-def payload_of(codec: bytes, body, use_bin_type: bool = True) -> bytes:
-    raw = msgpack.packb(body, use_bin_type=use_bin_type)
-    return codec + (zlib.compress(raw) if codec == b"Z" else raw)
-
-
-@st.composite
-def mutated_payloads(draw) -> bytes:
-    rnd = chooser(draw)
-    payload = rnd.choice((SNAPSHOT, DELTA))
-    how = weighted(rnd, bytes=2, inner_bytes=2, structure=8, codec=1)
-    if how == "bytes":  # the payload as received: mostly breaks zlib or msgpack
-        return mutate_bytes(draw, payload)
-    codec, body = body_of(payload)
-    if how == "inner_bytes":  # msgpack bytes changed, compressed again: reaches the tensors
-        inner = mutate_bytes(draw, msgpack.packb(body, use_bin_type=True))
-        return codec + (zlib.compress(inner) if codec == b"Z" else inner)
-    if how == "codec":
-        return rnd.choice((b"Z", b"R", b"X", b"")) + payload_of(b"R", body)[1:]
-    for _ in range(rnd.choice((1, 1, 2, 3))):
-        op = weighted(rnd, drop=1, replace=2, entry_drop=1, entry_replace=3, entry_plausible=3, entries=1, entry_swap=1)
-        tensors = body.get("tensors") if isinstance(body.get("tensors"), list) else []
-        entries = [e for e in tensors if isinstance(e, dict)]
-        if op == "drop":
-            body.pop(rnd.choice(BODY_KEYS), None)
-        elif op == "replace":
-            body[rnd.choice(BODY_KEYS)] = draw(WEIRD)
-        elif op.startswith("entry_") and entries:
-            entry, key = rnd.choice(entries), rnd.choice(ENTRY_KEYS)
-            if op == "entry_drop":
-                entry.pop(key, None)
-            elif op == "entry_replace":
-                entry[key] = draw(WEIRD)
-            elif op == "entry_plausible":
-                entry[key] = draw(PLAUSIBLE[key])
-            elif op == "entry_swap" and len(entries) > 1:
-                other = rnd.choice(entries)
-                entry[key], other[key] = other.get(key), entry.get(key)
-        elif op == "entries" and tensors:
-            choice = rnd.choice(("delete", "duplicate", "reverse", "weird"))
-            if choice == "delete":
-                del tensors[rnd.randrange(len(tensors))]
-            elif choice == "duplicate":
-                tensors.append(dict(rnd.choice(entries)) if entries else None)
-            elif choice == "reverse":
-                tensors.reverse()
-            else:
-                tensors.append(draw(WEIRD))
-    return payload_of(codec, body, use_bin_type=rnd.random() > 0.05)
-
-
-def snapshot_with(change) -> bytes:
-    codec, body = body_of(SNAPSHOT)
-    change(body)
-    return payload_of(codec, body)
-
-
-# smallest cases of failures this test found (explicit examples: always tried)
-SNAPSHOT_WITHOUT_BASE_HASH = snapshot_with(lambda body: body.pop("base_hash"))
-SNAPSHOT_WITH_AN_INT_NAME = snapshot_with(lambda body: body["tensors"][0].update(n=5))
-
-
-def check_payload(payload: bytes, base) -> bool:
-    """apply_payload's contract: the published state bit for bit, or CorruptVersion."""
-    try:
-        header = payload_header(payload)
-    except CorruptVersion:
-        header = None
-    else:
-        assert isinstance(header, dict) and set(header) >= {"kind", "version", "base", "base_hash", "hash"}
-    try:
-        _, state = apply_payload(payload, base)
-    except CorruptVersion as exc:
-        assert str(exc)
-        return False
-    assert header is not None, "apply_payload accepted a payload whose header does not decode"
-    assert isinstance(state, dict) and state_hash(state) == NEW_HASH
-    assert all(torch.equal(state[k].view(torch.uint8), NEW[k].view(torch.uint8)) for k in NEW)
-    return True
-
-
-@fuzz(1000)
-@given(payload=mutated_payloads(), base=st.sampled_from(("base", "none", "other", "new")))
-@example(payload=DELTA, base="base")
-@example(payload=SNAPSHOT, base="none")
-@example(payload=SNAPSHOT_WITHOUT_BASE_HASH, base="none")
-@example(payload=SNAPSHOT_WITH_AN_INT_NAME, base="none")
-def test_mutated_weight_payloads_rebuild_exactly_or_are_refused(payload, base):
-    accepted = check_payload(payload, {"base": BASE, "none": None, "other": OTHER, "new": NEW}[base])
-    if payload == SNAPSHOT or (payload == DELTA and base == "base"):
-        assert accepted  # an intact payload rebuilds the version (a snapshot needs no base)
-
-
-@fuzz(300)
-@given(payload=st.binary(max_size=200).map(lambda b: b"Z" + b) | st.binary(max_size=200).map(lambda b: b"R" + b)
-       | st.binary(max_size=200), base=st.sampled_from((None, "base")))
-def test_random_weight_payloads_are_refused(payload, base):
-    assert not check_payload(payload, BASE if base else None)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. the gRPC registry's handlers, called directly
+# 2. the gRPC registry's handlers, called directly
 
 KEYS = [RSAPrivateKey() for _ in range(2)]
 NOW = 1_000_000.0
@@ -678,7 +537,7 @@ def test_a_tiny_registry_request_cannot_make_it_allocate_much(method):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. the learner's inbox, called directly
+# 3. the learner's inbox, called directly
 
 def drain(inbox, most: int | None = None) -> list[RolloutGroup]:
     """The groups waiting in `inbox` (at most `most`), without waiting."""
@@ -722,270 +581,3 @@ def test_inbox_core_acks_everything_and_queues_only_valid_groups(sends, fresh):
     # the inbox still takes a valid group from a peer in good standing
     assert inbox.accept_blocking(encode_group(fresh), "peer-fresh") == {"ok": True}
     assert_valid_group(inbox.get(timeout=0))
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. real transports, end to end
-
-def weight_states():
-    gen = torch.Generator().manual_seed(3)
-    v0 = {"w": torch.randn(6, 4, generator=gen).to(torch.bfloat16), "b": torch.randn(4, generator=gen)}
-    v1 = {k: v.clone() for k, v in v0.items()}
-    v1["w"][0, 0] += 1
-    v2 = {k: v + 1 for k, v in v1.items()}
-    return [v0, v1, v2]
-
-
-class Swarm:
-    """A registry or DHT node, a learner (rollout inbox and weight server), a fuzzing sender and an
-    honest peer, all real, on loopback."""
-
-    def __init__(self, transport: str) -> None:
-        from swarm.fabric.local import LocalFabrics
-
-        self.transport = transport
-        self.fabrics = LocalFabrics(transport, RUN)
-        try:
-            self.learner, self.fuzzer, self.honest = (self.fabrics.make() for _ in range(3))
-            self.inbox = self.learner.rollout_inbox(vocab_size=VOCAB, max_staleness=MAX_STALENESS, capacity=512,
-                                                    put_timeout_s=0.5, limits=LIMITS,
-                                                    bans=PeerBans(strikes=60, window_s=600, ban_s=600))
-            self.inbox.learner_version = LEARNER_VERSION
-            self.sender = self.fuzzer.rollout_sender(timeout_s=30)
-            self.store = VersionStore(capacity=8)
-            for version, state in enumerate(weight_states()):
-                self.store.add(version, state)
-            self.weights = self.learner.weight_server(self.store)
-        except BaseException:
-            self.fabrics.close()
-            raise
-
-    def close(self) -> None:
-        try:
-            for part in (self.sender, self.inbox, self.weights):
-                part.close()
-        finally:
-            self.fabrics.close()
-
-
-@pytest.fixture(scope="module", params=["grpc", "hivemind"])
-def swarm(request):
-    started = Swarm(request.param)
-    yield started
-    started.close()
-
-
-def test_rollout_inbox_survives_fuzzed_streams(swarm):
-    sent, oks, banned = 0, 0, False
-
-    @fuzz(8)
-    @given(batch=st.lists(ANY_FRAME, min_size=25, max_size=45))
-    def fuzz_batch(batch):
-        nonlocal sent, oks, banned
-        acks = swarm.sender.send_frames(swarm.learner.peer_id, batch)
-        assert isinstance(acks, list) and len(acks) == len(batch)
-        for ack in acks:
-            assert isinstance(ack, dict) and isinstance(ack.get("ok"), bool), ack
-            if banned:
-                assert not ack["ok"] and "banned" in ack["reason"]  # banned for 600 s: no way back meanwhile
-            banned = banned or (not ack["ok"] and "banned" in ack["reason"])
-        sent, oks = sent + len(batch), oks + sum(a["ok"] for a in acks)
-        groups = drain(swarm.inbox)
-        assert len(groups) == sum(a["ok"] for a in acks)  # every accepted group, and nothing else, was queued
-        for group in groups:
-            assert_valid_group(group)
-            assert group.sender == swarm.fuzzer.peer_id
-
-    fuzz_batch()
-    assert sent >= 8 * 25
-    # an oversized frame: refused (gRPC acks it; hivemind cannot resynchronise and drops the stream)
-    try:
-        acks = swarm.sender.send_frames(swarm.learner.peer_id, [bytes(LIMITS.max_frame_bytes + 1)])
-    except swarm.fuzzer.unreachable_errors():
-        acks = [{"ok": False}]
-    assert len(acks) == 1 and not acks[0]["ok"]
-    assert drain(swarm.inbox) == []
-
-    # the inbox still serves: a valid group from a peer in good standing arrives intact
-    group = RolloutGroup(problem_id="after-fuzz", prompt_ids=[1, 2], completion_ids=[[3, 4], [5]],
-                         sampler_logprobs=[[-0.5, -0.25], [-1.0]], rewards=[1.0, None], version=LEARNER_VERSION,
-                         sampler_id="honest", completion_texts=["a", "b"], temperature=0.7, top_k=5, top_p=0.9)
-    honest = swarm.honest.rollout_sender(timeout_s=30)
-    try:
-        assert honest.send(swarm.learner.peer_id, [group]) == [{"ok": True}]
-    finally:
-        honest.close()
-    received = swarm.inbox.get(timeout=10)
-    assert received is not None and received.sender == swarm.honest.peer_id
-    assert (received.problem_id, received.completion_ids, received.rewards) == ("after-fuzz", [[3, 4], [5]], [1.0, None])
-    # and the fuzzer still gets answers (refusals, once banned)
-    acks = swarm.sender.send_frames(swarm.learner.peer_id, [encode_group(group)])
-    assert len(acks) == 1 and isinstance(acks[0].get("ok"), bool)
-    drain(swarm.inbox)
-
-
-# version numbers, and what a careless or hostile peer puts in their place
-WANTS = st.one_of(st.integers(-2, 4), st.sampled_from(("1", "2", b"1", "x", "9" * 5000, 1.0, 2.9, -0.5)),
-                  scalars(SAFE_INTS, SAFE_EDGE_INTS))
-WEIGHT_REQUESTS = st.one_of(
-    st.fixed_dictionaries({"have": WANTS, "want": WANTS}),
-    st.fixed_dictionaries({"want": WANTS}),
-    st.dictionaries(st.sampled_from(("have", "want", "x")), WANTS, max_size=3),
-)
-RAW_WEIGHT_REQUESTS = st.one_of(WEIGHT_REQUESTS.map(pack), SAFE_WEIRD.map(pack), st.binary(max_size=40))
-
-
-_last_stamp = [0.0]
-
-
-def signed_metadata(fabric, path: str, body: bytes):
-    """The fabric's signature of a call, stamped at least 5 ms after the previous one: two identical
-    requests signed within one millisecond carry one signature, and the second is refused as a
-    replay (rightly; that is not what these tests look at)."""
-    _last_stamp[0] = max(time.time(), _last_stamp[0] + 0.005)
-    return fabric.signer.metadata(path, body, now=_last_stamp[0])
-
-
-def grpc_weight_request(swarm, raw: bytes):
-    """(header, payloads) from the learner's gRPC weight server (the request signed by the fuzzing
-    peer, as any peer's is), or the gRPC status it refused the call with."""
-    import grpc
-
-    path = f"/{SERVICE}.Peer/Weights"
-    call = swarm.fuzzer.channels.get(swarm.learner.peer_id).stream_stream(path, request_serializer=None,
-                                                                          response_deserializer=None)
-    try:
-        messages = list(call(iter([raw]), timeout=20, metadata=signed_metadata(swarm.fuzzer, path, raw)))
-    except grpc.RpcError as exc:
-        assert exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED, "the weight server did not answer"
-        return exc.code(), None
-    header = unpack(messages[0])
-    chunks = b"".join(messages[1:])
-    payloads, at = [], 0
-    for size in header.get("sizes", []) if isinstance(header, dict) else []:
-        payloads.append(chunks[at:at + size])
-        at += size
-    assert at == len(chunks)
-    return header, payloads
-
-
-def hivemind_weight_request(swarm, client, raw: bytes):
-    """(header, payloads) from the learner's p2p weight server, or "closed" when it dropped the stream."""
-    from hivemind.p2p import P2P
-
-    async def ask():
-        reader, writer = await client.open(swarm.learner.peer_id)
-        try:
-            try:
-                await P2P.send_raw_data(raw, writer)
-            except ConnectionError:  # a request over the server's limit: refused, maybe before it was all sent
-                if len(raw) <= 1024:
-                    raise
-                return "closed", None
-            try:
-                header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
-            except asyncio.IncompleteReadError:
-                return "closed", None
-            count = header.get("count", 0) if isinstance(header, dict) and header.get("ok") else 0
-            return header, [await P2P.receive_raw_data(reader) for _ in range(count)]
-        finally:
-            writer.close()
-
-    return client.run(asyncio.wait_for(ask(), 20), timeout=30)
-
-
-def test_weight_server_survives_fuzzed_requests(swarm):
-    from swarm.fabric.loop import StreamClient
-    from swarm.fabric.versions import handler_name
-
-    client = None
-    if swarm.transport == "hivemind":
-        client = StreamClient(swarm.fuzzer.dht, handler_name(RUN), thread_name="fuzz-weights")
-    answered = 0
-
-    @fuzz(60)
-    @given(raw=RAW_WEIGHT_REQUESTS)
-    @example(raw=pack({"have": 0, "want": 1}))
-    @example(raw=pack({"have": None, "want": math.inf}))  # smallest failures found (hivemind's server)
-    @example(raw=pack([]))
-    @example(raw=b"\xc1")
-    def fuzz_request(raw):
-        nonlocal answered
-        header, payloads = (grpc_weight_request(swarm, raw) if client is None else hivemind_weight_request(swarm, client, raw))
-        if len(raw) <= 1024:  # a request of a size any peer may send is answered, whatever it says, never dropped
-            assert isinstance(header, dict) and isinstance(header.get("ok"), bool), f"{raw!r} got {header!r}"
-        if not isinstance(header, dict):
-            return  # an oversized request, refused by the transport
-        answered += 1
-        if header["ok"]:  # what is served rebuilds exactly the version asked for
-            request = unpack(raw)
-            state, want = None, int(request["want"])
-            have = request.get("have")
-            if isinstance(have, int) and 0 <= have < want:
-                state = swarm.store.states[have]
-            for payload in payloads:
-                _, state = apply_payload(payload, state)
-            assert state_hash(state) == swarm.store.hashes[want]
-        else:
-            assert isinstance(header.get("reason"), str)
-
-    try:
-        fuzz_request()
-        assert answered > 0
-        # and a valid fetch still works, from a peer holding nothing and from one holding version 0
-        for held in ([], [0]):
-            store = VersionStore()
-            for version in held:
-                store.add(version, swarm.store.states[version])
-            weights = swarm.honest.weight_client(timeout_s=30)
-            try:
-                result = weights.fetch(swarm.learner.peer_id, 2, swarm.store.hashes[2], store)
-            finally:
-                weights.close()
-            assert result.version == 2 and store.hashes[2] == swarm.store.hashes[2]
-    finally:
-        if client is not None:
-            client.close()
-
-
-REGISTRY_METHODS = {"Heartbeat": "heartbeat", "Announce": "announce", "Members": "list_members", "Versions": "list_versions"}
-
-
-@pytest.mark.parametrize("swarm", ["grpc"], indirect=True)  # over hivemind, records live in the DHT (its own validators)
-def test_registry_server_survives_fuzzed_signed_requests(swarm):
-    """Requests signed by a real peer (so they pass authentication and reach the handlers), with
-    fuzzed bodies: the registry answers each with a map, and afterwards still takes and lists
-    valid records."""
-    import grpc
-
-    fuzzer = swarm.fuzzer
-    channel = fuzzer.channels.get(swarm.fabrics.bootstrap.addresses()[0])
-    sent = 0
-
-    @fuzz(50)
-    @given(method=st.sampled_from(sorted(REGISTRY_METHODS)), data=st.data())
-    def fuzz_call(method, data):
-        nonlocal sent
-        request, _ = data.draw(mutated_requests(REGISTRY_METHODS[method]) | random_requests())
-        if isinstance(request, dict) and data.draw(st.booleans()):
-            request["run_id"] = RUN  # the run the call is signed for: the request reaches the handler
-            if method == "Heartbeat" and isinstance(request.get("record"), dict) and data.draw(st.booleans()):
-                request["record"]["peer_id"] = fuzzer.peer_id
-        path, body = f"/{SERVICE}.Registry/{method}", pack(request)
-        call = channel.stream_unary(path, request_serializer=None, response_deserializer=unpack)
-        try:
-            reply = call(iter([body]), timeout=20, metadata=signed_metadata(fuzzer, path, body))
-        except grpc.RpcError as exc:  # refusing a request is an answer; an exception in a handler is not
-            assert exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED), exc
-            return
-        assert isinstance(reply, dict)
-        sent += 1
-
-    fuzz_call()
-    assert sent > 0
-    assert fuzzer.heartbeat(Heartbeat(role="sampler", model="after-fuzz"))
-    members = {m.record.peer_id: m for m in swarm.fabrics.bootstrap.members()}
-    assert members[fuzzer.peer_id].record.model == "after-fuzz"
-    assert all(math.isfinite(m.expires_at) for m in members.values())
-    registry = swarm.fabrics.bootstrap.registry
-    assert_registry_sound(registry, {RUN}, now=time.time())

@@ -52,6 +52,12 @@ class InboxStats:
     duplicates: int = 0
 
 
+def refusal_kind(reason: str) -> str:
+    """A refusal's reason with its numbers taken out: the key it is counted and logged under (a
+    flood of frames of different sizes is one kind of garbage, not thousands)."""
+    return re.sub(r"[0-9][0-9.e+-]*", "#", reason)[:120]
+
+
 @dataclass(frozen=True)
 class StreamLimits:
     """What one learner lets senders hold open. An honest sampler sends one stream at a time."""
@@ -142,7 +148,7 @@ class InboxCore:
     def note_refusal(self, peer: str, reason: str) -> None:
         """Log a refusal once per peer and kind (numbers stripped), not once per frame: a flood of
         garbage must not become a flood of log lines."""
-        key = (peer, re.sub(r"[0-9][0-9.e+-]*", "#", reason)[:120])
+        key = (peer, refusal_kind(reason))
         with self._lock:
             if key in self._logged:
                 first = False
@@ -170,7 +176,7 @@ class InboxCore:
         """Count a group refused for the sender's fault (malformed here, or forged rewards found by
         the learner) against its sender; repeated offences ban it, and `ban` bans it at once."""
         self.stats.refused[peer] += 1
-        self.stats.reasons[re.sub(r"[0-9][0-9.e+-]*", "#", reason)[:120]] += 1
+        self.stats.reasons[refusal_kind(reason)] += 1
         if not peer:
             return
         if ban and self.bans.ban_s > 0:
