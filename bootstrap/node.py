@@ -32,7 +32,7 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
     events = EventLog(run_dir)
     try:
         node = start_bootstrap(config.transport, run_id=config.run_id, host=config.host, port=config.port,
-                               identity_path=identity, initial_peers=config.peers)
+                               identity_path=identity, initial_peers=config.peers, announce_addr=config.announce_addr)
     except BaseException:
         events.close()
         raise
@@ -40,10 +40,14 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
         addresses = node.addresses()
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,
                     peer_id=node.peer_id, addresses=addresses)
+        # the address to give others comes first, on a line of its own: the best guess at one
+        # other machines can dial (announced, else public, else private; loopback last)
+        echo(f"peers join with: --transport {node.transport} --peers {addresses[0]}")
         echo(f"bootstrap node for run '{config.run_id}' ({node.transport}), run directory {run_dir}")
-        echo("peers join with (from another machine, use an address of this machine it can reach):")
-        for addr in addresses:
-            echo(f"  --transport {node.transport} --peers {addr}")
+        if len(addresses) > 1:
+            echo("other addresses of this node (give the one the joining machine can reach):")
+            for addr in addresses[1:]:
+                echo(f"  --peers {addr}")
         started = time.time()
         while not stop.wait(config.status_every_s):
             members = node.members()

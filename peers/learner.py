@@ -49,9 +49,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.checkpoint import load_verified, save_checkpoint
     from swarm.config import write_config
     from swarm.fabric.bans import PeerBans
-    from swarm.fabric.identity import encode_learner_key, identity_dir_or_default
+    from swarm.fabric.identity import encode_learner_key
+    from swarm.fabric.pulse import Pulse
     from swarm.fabric.records import Heartbeat, RunSampling
-    from swarm.fabric.transports import join
+    from swarm.fabric.transports import join_with
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
     from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
@@ -98,9 +99,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         write_config(config, run_dir / "config.yaml")
         if not resume_from:
             events = EventLog(run_dir)
-        fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="learner",
-                      identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
-                      heartbeat_s=config.heartbeat_s)
+        fabric = join_with(config, "learner")
         if resume_from:
             own = fabric.latest_announced([fabric.public_key])
             newest = max(v for v in (published_version(run_dir), own.version if own else None, resume_from.version) if v is not None)
@@ -146,10 +145,12 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                            tuple(config.stop_strings))
 
     def heartbeat() -> None:
-        digest = store.hashes[core.version]
-        fabric.announce(core.version, digest, sampling)
-        fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=core.version,
-                                   rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"]))
+        with store.lock:
+            version = store.latest
+            digest, holds = store.hashes[version], tuple(store.states)
+        fabric.announce(version, digest, sampling)
+        fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
+                                   rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds))
 
     def publish() -> None:
         state = {k: (v.detach().to(publish_dtype) if v.is_floating_point() else v.detach()) for k, v in model.state_dict().items()}
@@ -161,7 +162,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         # atomic: a torn file would let a resumed learner announce an older version number
         write_json_atomic(run_dir / "published.json", {"version": core.version, "hash": store.hashes[core.version]})
         inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
-        heartbeat()
+        if pulse is None:
+            heartbeat()  # the first version is announced before anything else happens
+        else:
+            pulse.poke()  # announce from the heartbeat thread: a slow swarm never holds up training
 
     def master_hash() -> str:
         """The hash of the float32 weights a checkpoint holds (what --resume checks them against);
@@ -182,17 +186,18 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         events.event("checkpoint", version=core.version, path=str(path))
         echo(f"checkpoint: {path}")
 
+    pulse = None
     publish()
+    # announcements and the membership record on their own schedule: a step longer than a record's
+    # life (any real LLM's) no longer takes the learner out of the listing
+    pulse = Pulse(heartbeat, fabric.heartbeat_s, name="learner-heartbeat")
     steps = StepLog(run_dir)
-    last_heartbeat = last_step = time.time()
+    last_step = time.time()
     try:
         while core.version < config.steps and not stop.is_set():
             batch, deadline = [], time.time() + config.wait_s
             while len(batch) < config.groups_per_step and time.time() < deadline and not stop.is_set():
                 group = inbox.get(timeout=1.0)
-                if time.time() - last_heartbeat > fabric.heartbeat_s:
-                    heartbeat()
-                    last_heartbeat = time.time()
                 if group is not None and intake.accept(group, core.version):
                     batch.append(group)
             if not batch:
@@ -210,7 +215,6 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             totals["used"] += len(batch)
             totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
             publish()
-            last_heartbeat = time.time()
             steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                        skipped_steps=totals["skipped_steps"], verified=verifier.checked,
@@ -236,6 +240,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             checkpoint()
         raise
     finally:
+        pulse.close()
         steps.close()
         inbox.close()
         server.close()

@@ -1,9 +1,11 @@
 """The sampler peer: holds a policy version, generates and scores rollout groups for prompts drawn
 at random (seeded by its id), streams them to the learner, and picks up new versions as they are
 announced (only versions announced under the learner keys it was given; swarm.fabric.follower
-fetches them in the background, from the learner). It also serves the versions it holds to any
-peer that asks, though no peer asks a sampler yet. Groups the learner refuses or cannot take are
-counted by reason, not sent again.
+fetches them in the background, from other samplers that hold them or from the learner). It
+serves the versions it holds to any peer that asks (at most `upload_slots` at once) and lists
+them in its heartbeat, which a thread of its own sends (swarm.fabric.pulse), whatever the
+generation loop is doing. Groups the learner refuses or cannot take are counted by reason, not
+sent again.
 
 In its run directory: ready.json once it has joined, events.jsonl (versions fetched: from which
 peer, bytes, seconds; versions used; groups sent, accepted and refused by reason, each round;
@@ -46,9 +48,10 @@ def load_version(backend, state, previous) -> None:
 def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
     from swarm.config import write_config
     from swarm.fabric.follower import VersionFollower
-    from swarm.fabric.identity import decode_learner_key, identity_dir_or_default
+    from swarm.fabric.identity import decode_learner_key
+    from swarm.fabric.pulse import Pulse
     from swarm.fabric.records import Heartbeat
-    from swarm.fabric.transports import join
+    from swarm.fabric.transports import join_with
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
     from swarm.generation import SamplingParams, make_backend
     from swarm.model.device import resolve_device, resolve_dtype
@@ -79,9 +82,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     made = not run_dir.exists()
     try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
         write_config(config, run_dir / "config.yaml")
-        fabric = join(config.transport, run_id=config.run_id, peers=config.peers, role="sampler",
-                      identity_dir=identity_dir_or_default(config.identity_dir), host=config.host, port=config.port,
-                      heartbeat_s=config.heartbeat_s)
+        fabric = join_with(config, "sampler")
     except BaseException:
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -91,13 +92,28 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     simulating = delay.kind != "none" or config.lag_steps > 0
     # holding many versions only matters for latency simulation (versions wait for their pickup time)
     store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))
-    server = fabric.weight_server(store)  # ready for relay: nothing fetches from samplers yet (follower.holders_for)
+    server = fabric.weight_server(store)  # relays the versions it holds to other samplers
     sender = fabric.rollout_sender()
     rng = random.Random(sampler_id)
+    # what the heartbeat says (the generation loop and the follower update it; the pulse reads it)
+    status = {"version": 0, "sent": 0, "tokens_per_s": 0.0, "fetch": None}
+
+    def beat() -> None:
+        last = status["fetch"]
+        with store.lock:
+            holds = tuple(store.states)
+        fabric.heartbeat(Heartbeat(role="sampler", model=config.model, version=status["version"], rollouts=status["sent"],
+                                   tokens_per_s=status["tokens_per_s"], holds=holds,
+                                   **({"fetch_version": last.version, "fetch_from": last.holder, "fetch_bytes": last.bytes,
+                                       "fetch_s": round(last.seconds, 4)} if last else {})))
 
     def fetched(result) -> None:
         events.event("version_fetched", version=result.version, holder=result.holder, bytes=result.bytes,
-                     kinds=result.kinds, seconds=round(result.seconds, 4))
+                     kinds=result.kinds, seconds=round(result.seconds, 4), relayed=result.relayed)
+        status["fetch"] = result
+        pulse.poke()  # others may fetch it from here now
+
+    pulse = Pulse(beat, fabric.heartbeat_s, name="sampler-heartbeat")
 
     follower = VersionFollower(fabric, store, keys, delay, random.Random(f"{sampler_id}-delay"),
                                echo=lambda m: echo(f"{sampler_id}: {m}"), on_fetch=fetched,
@@ -112,13 +128,12 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     sent = done = tokens_total = 0
     refused: Counter = Counter()
     started_at = last_progress = time.time()
-    last_heartbeat = 0.0
     try:
         while not stop.is_set() and (config.rounds is None or done < config.rounds):
             choice = follower.usable(config.lag_steps, have_one=current is not None)
             if choice is None and current is None:
                 if time.time() - started_at > config.wait_s:
-                    raise TimeoutError(f"no version from a learner within {config.wait_s:.0f}s; check --learner-key and --peers")
+                    raise TimeoutError(f"no version within {config.wait_s:.0f}s: {follower.diagnose(config.run_id)}")
                 stop.wait(0.5)
                 continue
             if choice is not None and choice != current:
@@ -129,7 +144,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                 load_version(backend, state, previous)
                 events.event("version_used", version=choice, newest=follower.newest, swap_seconds=round(time.time() - swap, 4))
                 echo(f"{sampler_id}: now at version {choice} (newest announced {follower.newest}, swap {time.time() - swap:.2f}s)")
-                current = choice
+                current = status["version"] = choice
             if follower.sampling != sampling:
                 sampling = follower.sampling
                 params = SamplingParams(num_completions=config.num_generations, temperature=sampling.temperature,
@@ -164,10 +179,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
             events.event("sent", learner=follower.learner_peer, version=current, groups=len(groups), accepted=accepted,
                          refused=dict(round_refused), tokens=tokens)
             now = time.time()
-            if now - last_heartbeat > fabric.heartbeat_s:
-                fabric.heartbeat(Heartbeat(role="sampler", model=config.model, version=current, rollouts=sent,
-                                           tokens_per_s=tokens_total / max(now - started_at, 1e-6)))
-                last_heartbeat = now
+            status.update(sent=sent, tokens_per_s=tokens_total / max(now - started_at, 1e-6))
             if now - last_progress > config.progress_every_s:
                 behind = (follower.newest or current) - current
                 rate, tokens_rate = done * config.prompts_per_round / (now - started_at), tokens_total / (now - started_at)
@@ -180,6 +192,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
         events.event("stopped", **result)
         return result
     finally:
+        pulse.close()
         follower.close()
         sender.close()
         server.close()

@@ -100,7 +100,11 @@ def status_command(peers, run_id, transport, as_json, watch):
             rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
                      "staleness": None if learner_version is None else learner_version - m.record.version,
                      "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
-                     "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software} for m in members]
+                     "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software,
+                     "holds": list(m.record.holds),
+                     "last_fetch": None if m.record.fetch_version < 0 else {
+                         "version": m.record.fetch_version, "source": m.record.fetch_from, "bytes": m.record.fetch_bytes,
+                         "seconds": m.record.fetch_s}} for m in members]
             if as_json:
                 click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
             else:
@@ -116,13 +120,18 @@ def status_command(peers, run_id, transport, as_json, watch):
 
 def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"run '{run_id}': learner version {learner_version if learner_version is not None else '-'}, "
                         f"{len(rows)} peer(s)")
-    for col in ("role", "peer", "version", "staleness", "rollouts", "tokens/s", "last heartbeat"):
+    for col in ("role", "peer", "version", "staleness", "rollouts", "tokens/s", "last heartbeat", "last fetch"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["role"], r["peer_id"][-12:], str(r["version"]), str(r["staleness"]), str(r["rollouts"]),
-                      str(r["tokens_per_s"]), f"{r['last_heartbeat_s']}s ago")
+        fetch = r["last_fetch"]
+        # peers write their own records: nothing in them is rich markup
+        table.add_row(r["role"], escape(r["peer_id"][-12:]), str(r["version"]), str(r["staleness"]), str(r["rollouts"]),
+                      str(r["tokens_per_s"]), f"{r['last_heartbeat_s']}s ago",
+                      "-" if fetch is None else f"v{fetch['version']} from {escape(fetch['source'][-12:])}: "
+                                                f"{fetch['bytes'] / 1e6:.2f} MB in {fetch['seconds']:.2f}s")
     Console().print(table)

@@ -60,13 +60,15 @@ from swarm.config.settings import (
     SwarmSettings,
     TaskSettings,
     TrainingSettings,
+    check_announce_addr,
     check_bootstrap_peers,
     check_peers,
+    split_host_port,
 )
 
 __all__ = [
     "CONFIGS", "GENERATION_BACKENDS", "LOSS_NAMES", "ROLES", "TRANSPORTS", "BootstrapConfig", "DemoConfig", "EvalConfig",
     "EvalSettings", "GenerationSettings", "LearnerConfig", "LossConfig", "SamplerConfig", "Settings", "SwarmSettings",
-    "TaskSettings", "TrainerConfig", "TrainingSettings", "check_bootstrap_peers", "check_peers", "default_of",
-    "field_names", "field_names_of", "read_config_file", "resolve", "same_as", "setting", "write_config",
+    "TaskSettings", "TrainerConfig", "TrainingSettings", "check_announce_addr", "check_bootstrap_peers", "check_peers", "default_of",
+    "field_names", "field_names_of", "read_config_file", "resolve", "same_as", "setting", "split_host_port", "write_config",
 ]

@@ -21,6 +21,7 @@ from swarm.config.settings import (
     SwarmSettings,
     TaskSettings,
     TrainingSettings,
+    check_announce_addr,
     check_bootstrap_peers,
 )
 
@@ -166,6 +167,7 @@ class BootstrapConfig(Settings):
 
     host: ListenHost = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")
     port: int = setting(31337, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
+    announce_addr: Optional[str] = same_as(SwarmSettings, "announce_addr")
     transport: Literal[TRANSPORTS] = same_as(SwarmSettings, "transport")  # type: ignore[valid-type]
     peers: list[str] = setting(list, group="swarm", help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
     run_id: str = same_as(SwarmSettings, "run_id")
@@ -178,6 +180,8 @@ class BootstrapConfig(Settings):
     @model_validator(mode="after")
     def _peers_fit_transport(self):
         check_bootstrap_peers(self.transport, self.peers)
+        if self.announce_addr is not None:
+            check_announce_addr(self.transport, self.announce_addr)
         return self
 
 

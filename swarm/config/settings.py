@@ -54,6 +54,40 @@ def check_peers(transport: str, peers: Sequence[str]) -> None:
         raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
 
 
+def check_announce_addr(transport: str, addr: str) -> str:
+    """An announced address: HOST or HOST:PORT with an IP literal host (over hivemind also a multiaddr)."""
+    if transport == "hivemind" and addr.startswith("/"):
+        if "/tcp/" not in addr and "/udp/" not in addr:
+            raise ValueError(f"--announce-addr {addr!r} names no port; pass e.g. /ip4/203.0.113.7/tcp/31337")
+        return addr
+    host, port = split_host_port(addr)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"--announce-addr {addr!r}: {host!r} is not an IP address; pass the address other peers dial, "
+                         "e.g. 203.0.113.7 or 203.0.113.7:31337") from None
+    if ipaddress.ip_address(host).is_unspecified:
+        raise ValueError(f"--announce-addr {addr!r} is a wildcard, which no peer can dial; pass this machine's address")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"--announce-addr {addr!r}: the port must be 1..65535")
+    return addr
+
+
+def split_host_port(addr: str) -> tuple[str, int | None]:
+    """("1.2.3.4", 31337) from "1.2.3.4:31337", ("1.2.3.4", None) from "1.2.3.4"; IPv6 as [::1]:31337."""
+    if addr.startswith("["):
+        host, _, rest = addr[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+    elif addr.count(":") == 1:
+        host, _, port = addr.partition(":")
+    else:
+        host, port = addr, None
+    try:
+        return host, int(port) if port else None
+    except ValueError:
+        raise ValueError(f"address {addr!r}: {port!r} is not a port number") from None
+
+
 def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
     """What a bootstrap node may join: other hivemind nodes; a gRPC registry joins nothing."""
     if transport == "grpc":
@@ -109,10 +143,26 @@ class SwarmSettings(Settings):
                           help="the run to join")
     identity_dir: Optional[Directory] = setting(None, group="swarm",
                                            help="where this peer's keys live (unset: ~/.cache/gepo-swarm/identity)")
-    host: ListenHost = setting("127.0.0.1", group="swarm", help="address to listen on (0.0.0.0: every interface); over gRPC also "
-                                                         "the address other peers are told, so give one they can reach")
+    host: ListenHost = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface, so peers on "
+                                                       "other machines can reach this one; 127.0.0.1: this machine only)")
     port: int = setting(0, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
+    announce_addr: Optional[str] = setting(
+        None, group="swarm",
+        help="the address other peers dial to reach this one, when it is not the one it listens on: HOST or HOST:PORT "
+             "(a public IP with a forwarded port, or the one of several addresses that others can reach; over hivemind "
+             "also a multiaddr). Unset: over hivemind the addresses of this machine's interfaces, over gRPC the address "
+             "the registry sees this peer connect from")
+    auto_relay: bool = setting(
+        False, group="swarm", help="hivemind: behind a NAT that nobody can dial, reserve a slot on a relay (the bootstrap "
+                                   "nodes) and be reachable through it, so that samplers can stream to a learner and fetch "
+                                   "versions from this peer (all that traffic then passes the relay)")
+    client_mode: bool = setting(
+        False, group="swarm", help="hivemind: take no part in storing DHT records (for a peer that others cannot dial: "
+                                   "they would try it for every lookup); it still reads and writes records")
     heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
+    upload_slots: int = setting(2, group="swarm", ge=0, help="weight transfers this peer serves at once: the learner's "
+                                                             "upload budget, a sampler's share of relaying versions "
+                                                             "(others ask another holder meanwhile); 0: no limit")
 
     @field_validator("peers")
     @classmethod
@@ -125,6 +175,11 @@ class SwarmSettings(Settings):
     @model_validator(mode="after")
     def _peers_fit_transport(self):
         check_peers(self.transport, self.peers)
+        if self.announce_addr is not None:
+            check_announce_addr(self.transport, self.announce_addr)
+        if self.transport == "grpc" and (self.auto_relay or self.client_mode):
+            raise ValueError("--auto-relay and --client-mode are hivemind (libp2p) options; over gRPC a peer behind a "
+                             "NAT dials out and needs neither (see the README, 'Behind a NAT')")
         return self
 
 

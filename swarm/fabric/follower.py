@@ -2,11 +2,14 @@
 signed by the learner keys it was given and fetches each new version into a `VersionStore`, so
 generation pauses only for the weight swap itself.
 
-Where a version is fetched from is `holders_for`'s decision; today it is always the peer that
-announced it (the learner), so no sampler fetches from another and the learner's upload grows with
-the samplers. `fetch_from_holders` already tries several holders in order and skips one that is
-unreachable or sends a version that does not verify; fetching from other holders needs a
-`holders_for` that knows who holds what (not built).
+Versions are relayed: every peer serves the versions it holds and lists them in its membership
+record (`holds`), and a sampler fetches a new version from other holders first, in random order so
+that the load spreads, and from the learner that announced it last. Holders limit how many
+transfers they serve at once (the learner's upload budget); a busy holder is passed over for the
+next, and when all are busy the sampler asks again shortly, by when the peers that fetched it
+first serve it too. Every payload is checked against the hash the learner signed, so a relay can
+delay a version but never change it: a holder that sends one that does not verify is shunned for
+a while and the version is fetched from another.
 
 For experiments on one machine, the pickup of a version can be delayed by a random number of
 seconds (`pickup_delay`, the paper's log-normal latency model) and generation can lag a fixed
@@ -21,30 +24,52 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
-from swarm.fabric.versions import Announced, FetchResult, VersionStore
+from swarm.fabric.versions import Announced, FetchResult, HolderBusy, VersionStore
 from swarm.fabric.weight_delta import CorruptVersion
 
 logger = logging.getLogger(__name__)
+SHUN_S = 300.0  # how long a holder that served a version that does not verify is not asked again
+BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random wait in this range
 
 
-def holders_for(announcement: Announced) -> list[str]:
-    """The peers to fetch an announced version from, in the order to try them."""
-    return [announcement.peer_id]
+def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
+                shunned: Callable[[str], bool] = lambda peer: False) -> list[str]:
+    """The peers to fetch an announced version from, in the order to try them: the other members
+    that hold it, shuffled (spreading the load), then the learner that announced it."""
+    relays = sorted({m.record.peer_id for m in members
+                     if announcement.version in m.record.holds and m.record.peer_id not in (me, announcement.peer_id)
+                     and not shunned(m.record.peer_id)})
+    (rng or random).shuffle(relays)
+    return relays + [announcement.peer_id]
 
 
 def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str, store: VersionStore,
-                       unreachable: tuple[type[BaseException], ...]) -> FetchResult:
-    """Version `want` from the first holder that serves it whole and verified. Raises the last
-    holder's error when none does (nothing is added to `store` then)."""
+                       unreachable: tuple[type[BaseException], ...],
+                       on_corrupt: Callable[[str, BaseException], None] | None = None) -> FetchResult:
+    """Version `want` from the first holder that serves it whole and verified. Raises HolderBusy
+    when every holder that answered was busy, else the last holder's error (nothing is added to
+    `store` then). `on_corrupt(holder, error)` hears of each holder that sent a version that does
+    not verify."""
     if not holders:
         raise ValueError("no holder to fetch from")
     failure: BaseException | None = None
+    busy = 0
     for holder in holders:
         try:
             return client.fetch(holder, want, want_hash, store)
-        except (*unreachable, CorruptVersion, KeyError) as exc:  # fault-tolerance boundary: try the next
+        except HolderBusy as exc:
+            busy += 1
+            failure = failure or exc
+        except CorruptVersion as exc:
+            logger.warning("holder %s sent a version %d that does not verify: %s", holder, want, exc)
+            if on_corrupt is not None:
+                on_corrupt(holder, exc)
+            failure = exc
+        except (*unreachable, KeyError) as exc:  # fault-tolerance boundary: try the next
             logger.info("holder %s could not serve version %d: %s: %s", holder, want, type(exc).__name__, exc)
             failure = exc
+    if busy and not isinstance(failure, HolderBusy) and busy == len(holders):
+        failure = HolderBusy(f"all {busy} holders of version {want} are busy")
     raise failure
 
 
@@ -66,24 +91,45 @@ def usable_version(held: Iterable[int], ready_at: dict[int, float], newest: int 
 
 class VersionFollower:
     """Background thread: polls the learners' announcements and fetches each new version into
-    `store` (deltas when it can), stamping each with the time it may be used. `on_fetch` gets each
-    FetchResult (from the follower's thread); a failed fetch, whatever the holder did, is reported
-    (the 1st, 10th and every 100th time in a row) and retried at the next poll."""
+    `store` (deltas when it can) from the peers that hold it (`holders_for`), stamping each with
+    the time it may be used. `on_fetch` gets each FetchResult (from the follower's thread); a
+    failed fetch, whatever the holder did, is reported (the 1st, 10th and every 100th time in a
+    row) and retried at the next poll; `last_error` keeps the latest, for `diagnose`."""
 
     def __init__(self, fabric, store: VersionStore, learner_keys: list[bytes], delay, rng: random.Random, *,
                  echo: Callable[[str], None], on_fetch: Callable[[FetchResult], None] | None = None,
-                 poll_s: float = 1.0, max_payload_bytes: int | None = None) -> None:
+                 poll_s: float = 1.0, max_payload_bytes: int | None = None, relay: bool = True) -> None:
         self.fabric, self.store, self.keys, self.delay, self.rng, self.echo = fabric, store, learner_keys, delay, rng, echo
-        self.on_fetch, self.poll_s = on_fetch, poll_s
+        self.on_fetch, self.poll_s, self.relay = on_fetch, poll_s, relay
         self.client = fabric.weight_client(**({"max_payload_bytes": max_payload_bytes} if max_payload_bytes else {}))
         self.ready_at: dict[int, float] = {}
         self.newest: int | None = None  # newest version announced
         self.learner_peer: str | None = None  # the peer that announced it
         self.sampling = None  # the run's sampling settings (RunSampling), as last announced
+        self.last_fetch: FetchResult | None = None
+        self.last_error: str | None = None  # why the last fetch failed (None after a success)
+        self.busy_waits = 0  # times every holder was busy
         self.stop = threading.Event()
         self._failures = 0
+        self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
         self._thread.start()
+
+    def _is_shunned(self, peer: str) -> bool:
+        return self._shunned.get(peer, 0.0) > time.monotonic()
+
+    def _shun(self, peer: str, exc: BaseException) -> None:
+        self._shunned[peer] = time.monotonic() + SHUN_S
+        self.echo(f"holder {peer} sent a version that does not verify ({exc}); not asking it for {SHUN_S:.0f}s")
+
+    def _holders(self, ann: Announced) -> list[str]:
+        members = []
+        if self.relay:
+            try:
+                members = self.fabric.members()
+            except Exception as exc:  # noqa: BLE001  no listing: fetch from the learner alone
+                logger.debug("member lookup failed: %s", exc)
+        return holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
 
     def _run(self) -> None:
         unreachable = self.fabric.unreachable_errors()
@@ -97,28 +143,61 @@ class VersionFollower:
                 self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
-                        fetched = fetch_from_holders(self.client, holders_for(ann), ann.version, ann.hash, self.store, unreachable)
+                        fetched = fetch_from_holders(self.client, self._holders(ann), ann.version, ann.hash, self.store,
+                                                     unreachable, on_corrupt=self._shun)
+                    except HolderBusy as exc:  # the version is spreading: ask again soon, no failure
+                        self.busy_waits += 1
+                        self.last_error = str(exc)
+                        self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))
+                        continue
                     except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: whatever a holder did, retry
                         self._failures += 1
+                        self.last_error = f"{type(exc).__name__}: {exc}"
                         if self._failures in (1, 10) or self._failures % 100 == 0:
-                            self.echo(f"could not fetch version {ann.version} ({type(exc).__name__}: {exc}); retrying")
+                            self.echo(f"could not fetch version {ann.version} ({self.last_error}); retrying")
                     else:
-                        self._failures = 0
-                        ready = time.time() + self.delay.draw(self.rng)
-                        with self.store.lock:
-                            for v in self.store.states:
-                                self.ready_at.setdefault(v, ready)
-                        if self.on_fetch:
-                            try:
-                                self.on_fetch(fetched)
-                            except Exception as exc:  # noqa: BLE001  reporting must never stop the following
-                                logger.warning("reporting version %d failed: %s", fetched.version, exc)
+                        fetched.relayed = fetched.holder != ann.peer_id
+                        self._fetched(fetched)
                         continue  # look again at once: the learner may be further ahead already
             self.stop.wait(self.poll_s)
+
+    def _fetched(self, fetched: FetchResult) -> None:
+        self._failures, self.last_error, self.last_fetch = 0, None, fetched
+        ready = time.time() + self.delay.draw(self.rng)
+        with self.store.lock:
+            for v in self.store.states:
+                self.ready_at.setdefault(v, ready)
+        if self.on_fetch:
+            try:
+                self.on_fetch(fetched)
+            except Exception as exc:  # noqa: BLE001  reporting must never stop the following
+                logger.warning("reporting version %d failed: %s", fetched.version, exc)
 
     def usable(self, lag_steps: int, *, have_one: bool) -> int | None:
         with self.store.lock:
             return usable_version(list(self.store.states), self.ready_at, self.newest, lag_steps, time.time(), have_one=have_one)
+
+    def diagnose(self, run_id: str) -> str:
+        """Why no version has arrived, in words a volunteer can act on."""
+        from swarm.fabric.identity import encode_learner_key
+
+        if self.newest is not None:
+            return (f"version {self.newest} is announced by learner {self.learner_peer}, but no holder could serve it "
+                    f"({self.last_error or 'no attempt finished yet'}); check that this machine can reach the learner "
+                    "(a learner behind a NAT needs --auto-relay over hivemind, or --announce-addr with a forwarded port)")
+        try:
+            learners = [m for m in self.fabric.members() if m.record.role == "learner"]
+        except Exception as exc:  # noqa: BLE001
+            return f"the swarm could not be listed ({type(exc).__name__}: {exc}); check --peers"
+        if not learners:
+            return (f"no learner has joined run '{run_id}': start `swarm learner` with the same --run-id and --peers, "
+                    "or check --run-id")
+        ours = [m for m in learners if m.owner in set(self.keys)]
+        if not ours:
+            theirs = ", ".join(encode_learner_key(m.owner)[:24] + "..." for m in learners[:3])
+            return (f"{len(learners)} learner(s) run in '{run_id}', but under other keys (theirs begin {theirs}); "
+                    "--learner-key must be the key the learner prints (or --learner-key-file RUN_DIR/learner.key)")
+        return f"learner {ours[0].record.peer_id} has joined but announced no version yet (it may still be loading)"
 
     def close(self) -> None:
         self.stop.set()

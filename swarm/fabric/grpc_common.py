@@ -78,7 +78,10 @@ def new_server(workers: int = 64, limit: int = MESSAGE_LIMIT):
     # peers hold open (a learner's rollout streams) plus a reserve for everything else
     import grpc
 
-    return grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"), options=channel_options(limit))
+    # no SO_REUSEPORT (gRPC's default on Linux): a second server on a port in use must fail to
+    # start, not share the port and receive half of the first one's calls
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+                       options=channel_options(limit) + [("grpc.so_reuseport", 0)])
 
 
 def bind(server, host: str, port: int) -> int:

@@ -50,8 +50,10 @@ from swarm.fabric.versions import (
     WEIGHT_REQUEST_LIMIT,
     Announced,
     RebuildingClient,
+    UploadSlots,
     check_payload_size,
     newest_authorised,
+    refuse_unless_ok,
 )
 from swarm.fabric.weight_delta import MAX_PAYLOAD_BYTES, CorruptVersion
 
@@ -278,8 +280,9 @@ class GrpcRolloutSender:
 class GrpcWeightServer:
     """Serves the versions in `store`: a header (the size of each payload), then chunks."""
 
-    def __init__(self, server: GrpcPeerServer, store) -> None:
+    def __init__(self, server: GrpcPeerServer, store, *, slots: int | None = None) -> None:
         self.store, self.served, self._server = store, 0, server
+        self.slots = UploadSlots(slots)
         server.weight_handler = self._handle
 
     def _handle(self, request: dict):
@@ -292,11 +295,17 @@ class GrpcWeightServer:
         except (KeyError, TypeError, ValueError) as exc:
             yield pack({"ok": False, "reason": str(exc)})
             return
-        yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
-        for payload in payloads:
-            for start in range(0, len(payload), CHUNK_BYTES):
-                yield payload[start : start + CHUNK_BYTES]
-        self.served += 1
+        if not self.slots.take():
+            yield pack(self.slots.busy_reply())
+            return
+        try:  # a receiver that goes away ends this generator (GeneratorExit): the slot is freed all the same
+            yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
+            for payload in payloads:
+                for start in range(0, len(payload), CHUNK_BYTES):
+                    yield payload[start : start + CHUNK_BYTES]
+            self.served += 1
+        finally:
+            self.slots.release()
 
     def close(self) -> None:
         self._server.weight_handler = None
@@ -337,8 +346,7 @@ class GrpcWeightClient(RebuildingClient):
         sizes = header.get("sizes", []) if isinstance(header, dict) else None
         if not isinstance(sizes, list) or len(sizes) > MAX_HELD_VERSIONS:
             raise CorruptVersion(f"holder {holder} sent a malformed header (at most {MAX_HELD_VERSIONS} payloads)")
-        if not header.get("ok"):
-            raise KeyError(f"holder {holder} cannot serve version {want}: {header.get('reason')}")
+        refuse_unless_ok(header, holder, want)
         return [check_payload_size(size, holder, self.max_payload_bytes) for size in sizes]  # all, before reading any
 
     def _payload(self, holder: str, messages, size: int) -> bytes:
@@ -381,15 +389,39 @@ class GrpcFabric:
 
     def __init__(self, registry: str, run_id: str, signing_key, *, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_s: float, expiry_heartbeats: float = EXPIRY_HEARTBEATS, serve: bool = True,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, announce_addr: str | None = None, upload_slots: int | None = None) -> None:
         self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
         self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
+        self.upload_slots = upload_slots
         self.key_id = key_id(owner_key(signing_key))
         self.channels = _Channels()
         self.server = GrpcPeerServer(host, port, run_id) if serve else None
-        # an observer serves nothing, so it claims its key id alone
-        self.signer = RequestSigner(signing_key, run_id, self.peer_id or self.key_id)
+        # the key id alone until the address others dial is known (an observer serves nothing and keeps it)
+        self.signer = RequestSigner(signing_key, run_id, self.key_id)
         self._check_registry()
+        if self.server is not None:
+            self.server.address = self._address_for_others(host, announce_addr)
+            self.signer = RequestSigner(signing_key, run_id, self.peer_id)
+
+    def _address_for_others(self, host: str, announce_addr: str | None) -> str:
+        """HOST:PORT that other peers dial: the announced one; this peer's own when it listens on one
+        address; listening on every interface, the address the registry sees it call from (its NAT's
+        public address behind one), or this machine's outbound address when that is loopback (a
+        registry on the same machine says nothing about what others can dial)."""
+        from swarm.config import split_host_port
+        from swarm.fabric.addresses import is_wildcard, outbound_address
+
+        port = self.server.port
+        if announce_addr:
+            announced_host, announced_port = split_host_port(announce_addr)
+            return f"{announced_host}:{announced_port or port}"
+        if not is_wildcard(host):
+            return f"{host}:{port}"
+        reply = self._call("Observe", {"run_id": self.run_id})
+        seen = reply.get("ip") if isinstance(reply, dict) else None
+        if not isinstance(seen, str) or not seen or seen.startswith("127."):
+            seen = outbound_address() or seen or "127.0.0.1"
+        return f"[{seen}]:{port}" if ":" in seen else f"{seen}:{port}"
 
     def _call(self, method: str, request: dict) -> dict:
         """One signed registry call (the request streamed as one message: see grpc_common)."""
@@ -477,7 +509,7 @@ class GrpcFabric:
         return GrpcRolloutSender(self.channels, self.signer, **options)
 
     def weight_server(self, store):
-        return GrpcWeightServer(self.server, store)
+        return GrpcWeightServer(self.server, store, slots=self.upload_slots)
 
     def weight_client(self, **options):
         return GrpcWeightClient(self.channels, self.signer, **options)

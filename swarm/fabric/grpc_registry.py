@@ -206,6 +206,13 @@ class Registry:
                  if wanted is None or k in wanted]
         return {"versions": found[:self.page_size]}
 
+    def observe(self, request: dict, caller: Caller | None = None) -> dict:
+        """The address the caller's call came from, as this registry's socket saw it: what a peer
+        listening on every interface tells others to dial (behind a NAT: the NAT's public address)."""
+        if caller is None:
+            return {"ok": False, "reason": "an unsigned request"}
+        return {"ok": True, "ip": caller.ip}
+
     def all_members(self, run_id: str) -> list[dict]:
         """Every page of the run's records (the registry's own view: no message limit applies)."""
         listed, after = [], None
@@ -242,12 +249,12 @@ class _RegistryService:
     """The registry's gRPC methods: each reads its one request (the watchdog cuts a caller that
     never sends it), checks its signature, and only then parses it."""
 
-    METHODS = ("Heartbeat", "Members", "Announce", "Versions")
+    METHODS = ("Heartbeat", "Members", "Announce", "Versions", "Observe")
 
     def __init__(self, registry: Registry, authenticator: Authenticator, request_wait_s: float) -> None:
         self.registry, self.authenticator, self.request_wait_s, self.watchdog = registry, authenticator, request_wait_s, Watchdog()
         self.calls = {"Heartbeat": registry.heartbeat, "Members": registry.list_members,
-                      "Announce": registry.announce, "Versions": registry.list_versions}
+                      "Announce": registry.announce, "Versions": registry.list_versions, "Observe": registry.observe}
 
     def handler(self, method: str):
         def handle(requests, context) -> dict:
@@ -315,20 +322,29 @@ class GrpcBootstrap:
 
     transport = "grpc"
 
-    def __init__(self, run_id: str, *, host: str, port: int) -> None:
+    def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
+        from swarm.config import split_host_port
+
         self.run_id, self.host = run_id, host
         self.registry = Registry()
         self._server, self.port = serve_registry(self.registry, host, port)
+        self.announced = None
+        if announce_addr:
+            announced_host, announced_port = split_host_port(announce_addr)
+            self.announced = f"{announced_host}:{announced_port or self.port}"
 
     @property
     def peer_id(self) -> str:
         return self.addresses()[0]
 
     def addresses(self) -> list[str]:
-        # a wildcard address is not something another peer can dial: show loopback, and the
-        # operator substitutes the machine's address for peers elsewhere
-        shown = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return [f"{shown}:{self.port}"]
+        """HOST:PORT for --peers, the best for others first: the announced address, else (listening
+        on every interface) this machine's addresses, public, private, then loopback."""
+        from swarm.fabric.addresses import interface_addresses, is_wildcard
+
+        hosts = interface_addresses() if is_wildcard(self.host) else [self.host]
+        found = [f"{h}:{self.port}" for h in hosts]
+        return list(dict.fromkeys(([self.announced] if self.announced else []) + found))
 
     def members(self):
         return members_from(self.registry.all_members(self.run_id))

@@ -10,13 +10,24 @@ from typing import Iterable, Sequence
 from swarm.fabric.records import Heartbeat, RunSampling
 
 
+def visible_addresses(dht, announced: Sequence[str]) -> list[str]:
+    """The node's full multiaddrs (with /p2p/ID), announced ones first, then public, private, loopback."""
+    from swarm.fabric.addresses import order_for_others
+
+    peer = dht.peer_id.to_base58()
+    full = [a if "/p2p/" in a else f"{a}/p2p/{peer}" for a in announced]
+    return order_for_others((str(m) for m in dht.get_visible_maddrs()), full)
+
+
 class HivemindFabric:
     transport = "hivemind"
 
-    def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float) -> None:
+    def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float, announced: Sequence[str] = (),
+                 upload_slots: int | None = None) -> None:
         from swarm.fabric.records import MembershipPublisher
 
         self.dht, self.validator, self.run_id = dht, validator, run_id
+        self.announced, self.upload_slots = list(announced), upload_slots
         self._owned: list = []  # inboxes, servers and clients made here: closed on shutdown
         self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
 
@@ -33,8 +44,8 @@ class HivemindFabric:
         return self._members.heartbeat_s
 
     def addresses(self) -> list[str]:
-        """What other peers pass to --peers to join through this one."""
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        """What other peers pass to --peers to join through this one, the best for others first."""
+        return visible_addresses(self.dht, self.announced)
 
     def now(self) -> float:
         from hivemind.utils import get_dht_time
@@ -72,7 +83,7 @@ class HivemindFabric:
     def weight_server(self, store):
         from swarm.fabric.versions import WeightServer
 
-        return self._own(WeightServer(self.dht, self.run_id, store))
+        return self._own(WeightServer(self.dht, self.run_id, store, slots=self.upload_slots))
 
     def weight_client(self, **options):
         from swarm.fabric.versions import WeightClient
@@ -107,19 +118,20 @@ class HivemindBootstrap:
     transport = "hivemind"
 
     def __init__(self, run_id: str, *, host: str, port: int, identity_path: Path | None = None,
-                 initial_peers: Sequence[str] = ()) -> None:
-        from swarm.fabric.dht import listen_maddrs, start_dht
+                 initial_peers: Sequence[str] = (), announce_addr: str | None = None) -> None:
+        from swarm.fabric.dht import announce_multiaddrs, listen_maddrs, start_dht
 
         self.run_id = run_id
+        port, self.announced = announce_multiaddrs(announce_addr, port)
         self.dht, _ = start_dht(run_id, initial_peers=list(initial_peers), host_maddrs=listen_maddrs(host, port),
-                                identity_path=identity_path)
+                                announce_maddrs=self.announced, identity_path=identity_path)
 
     @property
     def peer_id(self) -> str:
         return self.dht.peer_id.to_base58()
 
     def addresses(self) -> list[str]:
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        return visible_addresses(self.dht, self.announced)
 
     def members(self):
         from swarm.fabric.records import list_members

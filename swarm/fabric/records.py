@@ -18,6 +18,7 @@ from swarm.config import GenerationSettings, SwarmSettings, default_of
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
+MAX_HOLDS_LISTED = 16  # versions a membership record lists as held (the newest)
 
 
 class MemberRecord(BaseModel):
@@ -32,6 +33,13 @@ class MemberRecord(BaseModel):
     tokens_per_s: StrictFloat  # recent throughput
     software: constr(max_length=32, strict=True)  # gepo-swarm version
     time: StrictFloat  # DHT time of the heartbeat
+    # the versions this peer serves to others (newest last): where samplers fetch a version from
+    holds: conlist(conint(ge=0, strict=True), max_items=MAX_HOLDS_LISTED) = []
+    # its last version fetch: which version, from which peer, how many bytes in how many seconds
+    fetch_version: conint(ge=-1, strict=True) = -1
+    fetch_from: constr(max_length=128, strict=True) = ""
+    fetch_bytes: conint(ge=0, strict=True) = 0
+    fetch_s: confloat(ge=0, strict=True) = 0.0
 
 
 @dataclass(frozen=True)
@@ -104,11 +112,18 @@ class Heartbeat:
     version: int = 0  # policy version it holds
     rollouts: int = 0  # rollout groups produced (sampler) / used (learner)
     tokens_per_s: float = 0.0  # recent throughput
+    holds: tuple[int, ...] = ()  # versions it serves to others
+    fetch_version: int = -1  # its last fetch (-1: none yet): version, source peer, bytes, seconds
+    fetch_from: str = ""
+    fetch_bytes: int = 0
+    fetch_s: float = 0.0
 
     def record(self, peer_id: str, now: float) -> "MemberRecord":
         fields = asdict(self)
         fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts),
-                      tokens_per_s=float(self.tokens_per_s))
+                      tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
+                      fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],
+                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s))
         return MemberRecord(peer_id=peer_id, software=__version__, time=float(now), **fields)
 
 

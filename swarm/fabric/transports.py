@@ -19,11 +19,17 @@ from swarm.fabric.interface import BootstrapNode, Fabric
 
 
 def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identity_dir: Path | None = None,
-         host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = default_of(SwarmSettings, "heartbeat_s")) -> Fabric:
+         host: str = "127.0.0.1", port: int = 0, heartbeat_s: float = default_of(SwarmSettings, "heartbeat_s"),
+         announce_addr: str | None = None, auto_relay: bool = False, client_mode: bool = False,
+         upload_slots: int | None = None) -> Fabric:
     """Join the swarm as a peer that serves (rollouts, weights) on `host:port`.
 
     identity_dir: where this peer's persistent keys live (a free key slot for `role` is claimed, so
     two peers started from one directory never share an identity); None: fresh keys, kept nowhere.
+    announce_addr: the address others are told to dial (SwarmSettings.announce_addr); auto_relay,
+    client_mode: hivemind's options for a peer behind a NAT (see SwarmSettings).
+    upload_slots: how many weight transfers this peer serves at once (None: no limit); a requester
+    over the limit is told the holder is busy and asks another.
     """
     from hivemind.utils.crypto import RSAPrivateKey
 
@@ -41,13 +47,26 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     if transport == "grpc":
         from swarm.fabric.grpc_peer import GrpcFabric
 
-        return GrpcFabric(peers[0], run_id, signing_key, host=host, port=port, heartbeat_s=heartbeat_s)
-    from swarm.fabric.dht import listen_maddrs, start_dht
+        return GrpcFabric(peers[0], run_id, signing_key, host=host, port=port, heartbeat_s=heartbeat_s,
+                          announce_addr=announce_addr, upload_slots=upload_slots)
+    from swarm.fabric.dht import announce_multiaddrs, listen_maddrs, start_dht
     from swarm.fabric.hivemind_transport import HivemindFabric
 
+    port, announced = announce_multiaddrs(announce_addr, port)
     dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=listen_maddrs(host, port),
-                               identity_path=p2p_key, signing_key=signing_key)
-    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s)
+                               announce_maddrs=announced, use_auto_relay=auto_relay, client_mode=client_mode,
+                               identity_path=p2p_key, reclaim_identity=p2p_key is not None, signing_key=signing_key)
+    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots)
+
+
+def join_with(settings: SwarmSettings, role: str) -> Fabric:
+    """`join` with a role config's swarm settings (every peer joins the same way)."""
+    from swarm.fabric.identity import identity_dir_or_default
+
+    return join(settings.transport, run_id=settings.run_id, peers=settings.peers, role=role,
+                identity_dir=identity_dir_or_default(settings.identity_dir), host=settings.host, port=settings.port,
+                heartbeat_s=settings.heartbeat_s, announce_addr=settings.announce_addr, auto_relay=settings.auto_relay,
+                client_mode=settings.client_mode, upload_slots=settings.upload_slots or None)
 
 
 def observe(transport: str, *, run_id: str, peers: Sequence[str]) -> Fabric:
@@ -64,17 +83,20 @@ def observe(transport: str, *, run_id: str, peers: Sequence[str]) -> Fabric:
     from swarm.fabric.dht import start_dht
     from swarm.fabric.hivemind_transport import HivemindFabric
 
-    return HivemindFabric(*start_dht(run_id, initial_peers=list(peers)), run_id, heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
+    # a client-mode node: an observer that comes and goes should not enter others' routing tables
+    return HivemindFabric(*start_dht(run_id, initial_peers=list(peers), client_mode=True), run_id,
+                          heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
 
 
 def start_bootstrap(transport: str, *, run_id: str, host: str, port: int, identity_path: Path | None = None,
-                    initial_peers: Sequence[str] = ()) -> BootstrapNode:
+                    initial_peers: Sequence[str] = (), announce_addr: str | None = None) -> BootstrapNode:
     """The node peers join through: a DHT node (hivemind) or the registry (grpc)."""
     check_bootstrap_peers(transport, initial_peers)
     if transport == "grpc":
         from swarm.fabric.grpc_registry import GrpcBootstrap
 
-        return GrpcBootstrap(run_id, host=host, port=port)
+        return GrpcBootstrap(run_id, host=host, port=port, announce_addr=announce_addr)
     from swarm.fabric.hivemind_transport import HivemindBootstrap
 
-    return HivemindBootstrap(run_id, host=host, port=port, identity_path=identity_path, initial_peers=initial_peers)
+    return HivemindBootstrap(run_id, host=host, port=port, identity_path=identity_path, initial_peers=initial_peers,
+                             announce_addr=announce_addr)

@@ -86,6 +86,7 @@ class FetchResult:
     bytes: int  # payload bytes received
     kinds: list[str]  # "snapshot" or "delta", per payload
     seconds: float
+    relayed: bool = False  # from a peer other than the learner that announced it
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling, *,
@@ -168,13 +169,16 @@ class VersionStore:
             return digest
 
     def payloads(self, have: int | None, want: int) -> list[bytes]:
-        """Deltas have+1..want when all are held, else a snapshot of `want`."""
+        """Deltas have+1..want when all are held and together smaller than a snapshot of `want`
+        (a long chain of dense deltas can outweigh the version itself), else that snapshot."""
         with self.lock:
             if want not in self.states:
                 raise KeyError(f"version {want} is not held here")
-            if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
-                return [self.deltas[v] for v in range(have + 1, want + 1)]
             state = self.states[want]
+            if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
+                chain = [self.deltas[v] for v in range(have + 1, want + 1)]
+                if sum(map(len, chain)) < snapshot_bytes(state):
+                    return chain
             cached = self._snapshot
         if cached is not None and cached[0] == want:
             return [cached[1]]
@@ -183,12 +187,50 @@ class VersionStore:
         return [snapshot]
 
 
-class WeightServer:
-    """Serves the versions in `store` to any peer that asks."""
+def snapshot_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """About the size of a snapshot of `state` (encode_snapshot stores each tensor's raw bytes)."""
+    return sum(t.numel() * t.element_size() for t in state.values())
 
-    def __init__(self, dht, run_id: str, store: VersionStore) -> None:
+
+class HolderBusy(KeyError):
+    """A holder refused a transfer because all its upload slots are taken: ask another (no blame)."""
+
+
+BUSY = "busy"  # the reason a holder gives when every upload slot is taken
+
+
+class UploadSlots:
+    """How many weight transfers a peer serves at once: a learner's upload budget, a relay's share.
+    None: no limit. A request over the limit is answered busy at once (the requester asks another
+    holder) rather than queued behind transfers that may take minutes."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit, self.active, self.refused = limit, 0, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.limit is not None and self.active >= self.limit:
+                self.refused += 1
+                return False
+            self.active += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.active -= 1
+
+    def busy_reply(self) -> dict:
+        return {"ok": False, "busy": True, "reason": f"{BUSY}: serving {self.limit} transfers, its upload limit", "count": 0}
+
+
+class WeightServer:
+    """Serves the versions in `store` to any peer that asks, at most `slots` at once."""
+
+    def __init__(self, dht, run_id: str, store: VersionStore, *, slots: int | None = None) -> None:
         self.store = store
         self.served = 0
+        self.slots = UploadSlots(slots)
         self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -210,10 +252,16 @@ class WeightServer:
             except Exception as exc:  # noqa: BLE001  garbage, a map without `get`, a version not held
                 await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
                 return
-            await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
-            for payload in payloads:
-                await P2P.send_raw_data(payload, writer)
-            self.served += 1
+            if not self.slots.take():
+                await P2P.send_raw_data(msgpack.packb(self.slots.busy_reply()), writer)
+                return
+            try:
+                await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
+                for payload in payloads:
+                    await P2P.send_raw_data(payload, writer)
+                self.served += 1
+            finally:
+                self.slots.release()
         except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
             logger.debug("weight request from %s failed: %s", stream_info.peer_id, exc)
         except asyncio.CancelledError:
@@ -223,6 +271,15 @@ class WeightServer:
 
     def close(self) -> None:
         self._host.close()
+
+
+def refuse_unless_ok(header: dict, holder, want: int) -> None:
+    """Raise HolderBusy or KeyError when a holder's header says it will not send `want`."""
+    if header.get("ok"):
+        return
+    if header.get("busy"):
+        raise HolderBusy(f"holder {holder} is busy: {str(header.get('reason'))[:200]}")
+    raise KeyError(f"holder {holder} cannot serve version {want}: {str(header.get('reason'))[:200]}")
 
 
 class RebuildingClient:
@@ -308,8 +365,7 @@ class WeightClient(RebuildingClient):
             if not isinstance(header, dict) or not isinstance(header.get("count", 0), int) or \
                     not 0 <= header.get("count", 0) <= MAX_HELD_VERSIONS:
                 raise CorruptVersion(f"holder {peer_id} sent a malformed header (at most {MAX_HELD_VERSIONS} payloads)")
-            if not header.get("ok"):
-                raise KeyError(f"holder {peer_id} cannot serve version {want}: {header.get('reason')}")
+            refuse_unless_ok(header, peer_id, want)
             return [await receive(self.max_payload_bytes) for _ in range(header["count"])]
         finally:
             writer.close()
