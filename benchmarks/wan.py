@@ -190,6 +190,13 @@ class Host:
         self.wan._procs.append(p)
         return p
 
+    def traffic(self, dev: str = "eth0") -> tuple[int, int]:
+        """(bytes received, bytes sent) so far on the host's link (`eth0`: its only one, or a router's public leg)."""
+        import json
+
+        stats = json.loads(_sh("ip", "-n", self.ns, "-j", "-s", "link", "show", "dev", dev))[0]["stats64"]
+        return stats["rx"]["bytes"], stats["tx"]["bytes"]
+
     def run(self, argv, timeout: float = 30, **kw) -> subprocess.CompletedProcess:
         """Run argv inside the namespace to completion; output captured as text unless told otherwise."""
         if not {"stdout", "stderr", "capture_output"} & kw.keys():
@@ -278,6 +285,10 @@ class Wan:
         return ns, ip
 
     # the API
+
+    def hosts(self) -> list[Host]:
+        """Every host and router made so far."""
+        return list(self._hosts.values())
 
     def host(self, name: str, *, rate_mbit: float | None = None) -> Host:
         """A namespace on the internet with its own public address, its link shaped to `rate_mbit` both

@@ -147,8 +147,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     def heartbeat() -> None:
         with store.lock:
             version = store.latest
-            digest, holds = store.hashes[version], tuple(store.states)
-        fabric.announce(version, digest, sampling)
+            digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
+        fabric.announce(version, digest, sampling, recent)
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds))
 
@@ -218,7 +218,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                        skipped_steps=totals["skipped_steps"], verified=verifier.checked,
-                       verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap)
+                       verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
+                       uploads=server.served, uploads_refused_busy=server.slots.refused)
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")

@@ -115,6 +115,7 @@ def start_dht(
     host_maddrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
     announce_maddrs: Sequence[str] = (),
     use_auto_relay: bool = False,
+    public: bool = False,
     client_mode: bool = False,
     identity_path: Path | None = None,
     reclaim_identity: bool = False,
@@ -131,6 +132,9 @@ def start_dht(
     or port forward); unset: those p2pd observes on its interfaces.
     use_auto_relay: find a relay among the swarm's public peers (by default the bootstrap nodes)
     and be reachable through it: for a peer behind a NAT that must accept streams.
+    public: this node is reachable from the internet (a bootstrap node): it relays for peers
+    behind NATs from the start rather than once AutoNAT has confirmed it (which a small swarm may
+    never do).
     client_mode: join without accepting inbound connections (behind a NAT nobody can dial): the
     node reads and writes DHT records and dials others, but stores no one's records and cannot
     be dialled, so it serves no weights and takes no rollouts.
@@ -154,6 +158,13 @@ def start_dht(
                   use_auto_relay=use_auto_relay)
     if announce_maddrs:
         kwargs["announce_maddrs"] = list(announce_maddrs)
+    if use_auto_relay:
+        # libp2p looks for a relay only once AutoNAT has found the node unreachable, which takes
+        # several peers dialling back: a small swarm may never get there. A peer that asks for a
+        # relay knows it is behind a NAT, so say so.
+        kwargs["force_reachability"] = "private"
+    elif public:
+        kwargs["force_reachability"] = "public"
     if identity_path is not None:
         Path(identity_path).parent.mkdir(parents=True, exist_ok=True)
         kwargs["identity_path"] = str(identity_path)

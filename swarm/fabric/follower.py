@@ -122,14 +122,33 @@ class VersionFollower:
         self._shunned[peer] = time.monotonic() + SHUN_S
         self.echo(f"holder {peer} sent a version that does not verify ({exc}); not asking it for {SHUN_S:.0f}s")
 
-    def _holders(self, ann: Announced) -> list[str]:
-        members = []
-        if self.relay:
-            try:
-                members = self.fabric.members()
-            except Exception as exc:  # noqa: BLE001  no listing: fetch from the learner alone
-                logger.debug("member lookup failed: %s", exc)
-        return holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
+    def _members(self) -> list:
+        if not self.relay:
+            return []
+        try:
+            return self.fabric.members()
+        except Exception as exc:  # noqa: BLE001  no listing: fetch from the learner alone
+            logger.debug("member lookup failed: %s", exc)
+            return []
+
+    def _fetch(self, ann: Announced, unreachable) -> FetchResult:
+        """The announced version from its holders; when they are all busy, the newest of the
+        versions just before it (their hashes are signed in the same announcement) that a relay
+        holds and that is newer than what this peer has: while the newest spreads, a sampler moves
+        on from relays instead of waiting in line at the learner."""
+        members = self._members()
+        holders = holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
+        try:
+            return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable, on_corrupt=self._shun)
+        except HolderBusy:
+            mine = self.store.latest if self.store.latest is not None else -1
+            for version in sorted((v for v in ann.recent if v > mine), reverse=True):
+                older = Announced(version, ann.recent[version], ann.peer_id, ann.sampling)
+                relays = holders_for(older, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)[:-1]
+                if relays:
+                    return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
+                                              on_corrupt=self._shun)
+            raise
 
     def _run(self) -> None:
         unreachable = self.fabric.unreachable_errors()
@@ -143,8 +162,7 @@ class VersionFollower:
                 self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
-                        fetched = fetch_from_holders(self.client, self._holders(ann), ann.version, ann.hash, self.store,
-                                                     unreachable, on_corrupt=self._shun)
+                        fetched = self._fetch(ann, unreachable)
                     except HolderBusy as exc:  # the version is spreading: ask again soon, no failure
                         self.busy_waits += 1
                         self.last_error = str(exc)
@@ -158,6 +176,8 @@ class VersionFollower:
                     else:
                         fetched.relayed = fetched.holder != ann.peer_id
                         self._fetched(fetched)
+                        if fetched.version < ann.version:
+                            self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))  # the newest is still spreading
                         continue  # look again at once: the learner may be further ahead already
             self.stop.wait(self.poll_s)
 

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import msgpack
 
@@ -484,10 +484,12 @@ class GrpcFabric:
             logger.warning("the registry lists more than %d pages of members; showing the first", self.member_pages)
         return members_from(listed)
 
-    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling()) -> bool:
+    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
+                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
         from swarm.fabric.records import VersionAnnouncement
 
-        payload = pack(VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling).dict())
+        payload = pack(VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling,
+                                                recent).dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))

@@ -5,7 +5,7 @@ fabric interface (interface.py); `HivemindBootstrap` is the DHT node peers join 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from swarm.fabric.records import Heartbeat, RunSampling
 
@@ -60,10 +60,11 @@ class HivemindFabric:
 
         return list_members(self.dht, self.run_id)
 
-    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling()) -> bool:
+    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
+                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
         from swarm.fabric.versions import announce
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling)
+        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent)
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
         from swarm.fabric.versions import latest_announced
@@ -124,7 +125,7 @@ class HivemindBootstrap:
         self.run_id = run_id
         port, self.announced = announce_multiaddrs(announce_addr, port)
         self.dht, _ = start_dht(run_id, initial_peers=list(initial_peers), host_maddrs=listen_maddrs(host, port),
-                                announce_maddrs=self.announced, identity_path=identity_path)
+                                announce_maddrs=self.announced, identity_path=identity_path, public=True)
 
     @property
     def peer_id(self) -> str:

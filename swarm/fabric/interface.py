@@ -8,7 +8,7 @@ place a transport is chosen is `transports.py`.
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence, runtime_checkable
+from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from swarm.fabric.records import Heartbeat, Member, RunSampling
 from swarm.fabric.versions import Announced, FetchResult, VersionStore
@@ -88,8 +88,10 @@ class Fabric(Protocol):
     def members(self) -> list[Member]:
         """Current, unexpired members of the run, sorted by role and peer id."""
 
-    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling()) -> bool:
-        """Announce a published version, and the run's sampling settings, under this peer's signing key."""
+    def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
+                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
+        """Announce a published version, the run's sampling settings and the hashes of the versions
+        just before it (`recent`, version -> hash), under this peer's signing key."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

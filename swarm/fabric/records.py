@@ -9,7 +9,7 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import Dict, Mapping, Optional
 
 from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist, constr
 
@@ -70,12 +70,21 @@ class VersionAnnouncement(BaseModel):
     top_p: confloat(gt=0, le=1, strict=True)
     max_tokens: conint(ge=1, le=1 << 20, strict=True)
     stop: conlist(constr(min_length=1, max_length=64, strict=True), max_items=16) = []
+    # the hashes of the versions just before this one ("VERSION:HASH"), so that a sampler can take
+    # one of those from a relay, verified, while the newest is still spreading
+    recent: conlist(constr(regex=r"^[0-9]{1,12}:[0-9a-f]{64}$", strict=True), max_items=MAX_HOLDS_LISTED) = []
 
     @classmethod
-    def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling) -> "VersionAnnouncement":
+    def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
+           recent: Mapping[int, str] = {}) -> "VersionAnnouncement":  # noqa: B006  (read only)
         return cls(run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
-                   max_tokens=int(sampling.max_tokens), stop=list(sampling.stop))
+                   max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
+                   recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version])
+
+    @property
+    def recent_hashes(self) -> dict[int, str]:
+        return {int(v): h for v, _, h in (item.partition(":") for item in self.recent)}
 
     @property
     def sampling(self) -> RunSampling:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import msgpack
@@ -75,6 +75,7 @@ class Announced:
     hash: str
     peer_id: str
     sampling: RunSampling = RunSampling()
+    recent: dict[int, str] = field(default_factory=dict)  # signed hashes of the versions just before it
 
 
 @dataclass
@@ -89,12 +90,12 @@ class FetchResult:
     relayed: bool = False  # from a peer other than the learner that announced it
 
 
-def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling, *,
-             expiry_s: float = 60.0) -> bool:
+def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
+             recent: Mapping[int, str] = {}, *, expiry_s: float = 60.0) -> bool:  # noqa: B006
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
-    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling).dict()
+    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
@@ -123,7 +124,7 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
             logger.debug("ignoring an announcement of run %r", ann.run_id)
             continue
         if best is None or ann.version > best.version:
-            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling)
+            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling, ann.recent_hashes)
     return best
 
 
