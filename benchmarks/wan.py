@@ -218,6 +218,14 @@ class Router(Host):
         self._taken = {self.lan_ip}
 
 
+def forward_port(router: "Router", port: int, host: "Host") -> None:
+    """Forward TCP `port` of `router`'s public address to the same port of `host` on its LAN (a
+    volunteer's port forward). Inserted before the router's DROP of new inbound connections."""
+    rules = [f"iptables -t nat -A PREROUTING -i eth0 -p tcp --dport {port} -j DNAT --to-destination {host.ip}:{port}",
+             f"iptables -I FORWARD 1 -i eth0 -o lan -p tcp -d {host.ip} --dport {port} -j ACCEPT"]
+    _sh("ip", "netns", "exec", router.ns, "sh", "-ec", "; ".join(rules))
+
+
 class Wan:
     """The harness. A context manager: every namespace, link and process it made is gone after close().
     `prefix` starts every namespace name (default `gw<pid>x<n>`, which sweep_stale() recognises);

@@ -8,7 +8,6 @@ benchmark.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from swarm.cli.launcher import Proc
 from swarm.runlog import read_jsonl, read_ready, wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class WanSwarm:
@@ -42,7 +42,9 @@ class WanSwarm:
         home = self.home(host)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
                    MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false",
-                   GEPO_SWARM_CACHE=str(home / "cache"))  # each machine its own identity keys
+                   GEPO_SWARM_CACHE=str(home / "cache"),  # each machine its own identity keys
+                   # the checkout's benchmarks and tests packages, from the host's own working directory
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         with log.open("a") as out:
             popen = host.popen([*program, *argv], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=home)
         proc = Proc(name, popen, log, Path(home, run_dir) if run_dir is not None else None)
@@ -69,21 +71,11 @@ class WanSwarm:
         proc.ready = found
         return found
 
-    def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(timeout=10)
-        return proc.popen.returncode
-
     def stop_all(self) -> None:
         """Samplers first, then learners (they checkpoint), then bootstrap nodes."""
         order = {"learner": 1, "bootstrap": 2}
         for proc in sorted(self.procs, key=lambda p: order.get(p.name.split("-")[0], 0)):
-            self.stop(proc)
+            proc.stop()
 
     def processes(self) -> str:
         """Every process still in the harness's namespaces, for a failure message."""

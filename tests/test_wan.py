@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.wan import Wan, wan_unavailable
+from benchmarks.wan import Wan, forward_port, sweep_stale, wan_unavailable
 from benchmarks.wan_swarm import SWARM, WanSwarm, pids_in, records, wait_for
 
 UNAVAILABLE = wan_unavailable(nat=True)
@@ -25,6 +25,12 @@ TRANSPORTS = ["hivemind", "grpc"]
 # small rounds and steps, so that a test sees several versions in seconds
 QUICK_LEARNER = ["--groups-per-step", "4", "--checkpoint-every", "0", "--wait-s", "30", "--steps", "1000"]
 QUICK_SAMPLER = ["--prompts-per-round", "2", "--num-generations", "4"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftovers():
+    """Namespaces a killed earlier run left behind (their owner's pid is gone) are removed first."""
+    sweep_stale()
 
 
 def readme_commands() -> list[list[str]]:
@@ -209,3 +215,22 @@ def test_learner_behind_nat_is_reached_by_public_samplers(tmp_path):
             swarm.stop_all()
     assert accepted(sampler.run_dir) >= 8
     assert max(through_bootstrap) < fetched(sampler.run_dir)[0]["bytes"], "the version went through the bootstrap"
+
+
+def test_grpc_learner_behind_nat_with_a_forwarded_port_and_announced_address(tmp_path):
+    """gRPC: a learner behind a NAT that forwards TCP 40000 to it, started with the README's
+    --announce-addr line: samplers reach it at the announced address and train."""
+    with Wan() as wan:
+        a, c = wan.host("a"), wan.host("c")
+        home = wan.nat("home")
+        b = wan.behind(home, "b")
+        forward_port(home, 40000, b)
+        swarm = WanSwarm(wan, tmp_path)
+        try:
+            addr, learner, key = start_run(swarm, a, b, "grpc", "--port", "40000", "--announce-addr", f"{home.ip}:40000")
+            assert learner.ready["peer_id"].endswith(f"@{home.ip}:40000"), learner.ready
+            sampler = start_sampler(swarm, c, "s0", addr, key, "grpc")
+            wait_for(lambda: len(versions_fetched(sampler.run_dir)) >= 3, 120, "versions from the forwarded learner", swarm)
+        finally:
+            swarm.stop_all()
+    assert accepted(sampler.run_dir) >= 8

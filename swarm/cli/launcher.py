@@ -42,6 +42,17 @@ class Proc:
     run_dir: Path | None = None  # where it writes ready.json and its JSONL records
     ready: dict = field(default_factory=dict)  # its ready.json, once read
 
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; the exit status."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        return self.popen.returncode
+
     def text(self) -> str:
         try:
             return self.log.read_text(errors="replace")
@@ -100,14 +111,7 @@ class LocalSwarm:
                           "--transport", self.transport, *options, run_dir=self.run_dir / name)
 
     def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(timeout=10)
-        return proc.popen.returncode
+        return proc.stop(timeout)
 
     def stop_all(self) -> None:
         """Samplers first (nothing more to send), then the learner (it checkpoints), then the rest."""

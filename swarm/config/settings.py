@@ -153,9 +153,9 @@ class SwarmSettings(Settings):
              "also a multiaddr). Unset: over hivemind the addresses of this machine's interfaces, over gRPC the address "
              "the registry sees this peer connect from")
     auto_relay: bool = setting(
-        False, group="swarm", help="hivemind: behind a NAT that nobody can dial, reserve a slot on a relay (the bootstrap "
-                                   "nodes) and be reachable through it, so that samplers can stream to a learner and fetch "
-                                   "versions from this peer (all that traffic then passes the relay)")
+        False, group="swarm", help="hivemind, experimental: behind a NAT that nobody can dial, reserve a slot on a relay "
+                                   "(the bootstrap nodes) and be reached through it; all that traffic then passes the "
+                                   "relay. Slow to start and not tested here (README, 'Behind a NAT')")
     client_mode: bool = setting(
         False, group="swarm", help="hivemind: take no part in storing DHT records (for a peer that others cannot dial: "
                                    "they would try it for every lookup); it still reads and writes records")

@@ -161,8 +161,9 @@ def start_dht(
     if use_auto_relay:
         # libp2p looks for a relay only once AutoNAT has found the node unreachable, which takes
         # several peers dialling back: a small swarm may never get there. A peer that asks for a
-        # relay knows it is behind a NAT, so say so.
+        # relay knows it is behind a NAT, so say so; its relays are the peers it joins through.
         kwargs["force_reachability"] = "private"
+        kwargs["trusted_relays"] = list(initial_peers)
     elif public:
         kwargs["force_reachability"] = "public"
     if identity_path is not None:

@@ -1,0 +1,140 @@
+"""One peer of the shaped-link fan-out benchmark (benchmarks/fanout_wan.py), as its own process in
+a namespace of the WAN harness, using the product's fabric, version store, weight server,
+follower (relay, busy holders, upload slots) and heartbeat.
+
+    python -m benchmarks.fanout_peer learner  --peers ADDR --dir D --megabytes M --slots S
+    python -m benchmarks.fanout_peer receiver --peers ADDR --dir D --key KEY --slots S [--no-relay]
+
+The learner holds version 0 (bfloat16 weights of about M MB, N(0, 0.02) like a trained model's)
+and version 1 (one signed step of 1e-4 on every weight, as AdamW takes: in bfloat16 about half the
+weights move by one ulp, so the delta is about the size of a real step's), announces version K
+when the file D/goK appears, and writes D/ready.json and D/served.json (transfers it served).
+A receiver follows the learner's announcements and writes D/events.jsonl (each version fetched:
+when, from whom, bytes, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from swarm.fabric.follower import VersionFollower
+from swarm.fabric.identity import decode_learner_key, encode_learner_key
+from swarm.fabric.pulse import Pulse
+from swarm.fabric.records import Heartbeat
+from swarm.fabric.transports import join
+from swarm.fabric.versions import VersionStore
+from swarm.runlog import EventLog, write_json_atomic
+from swarm.staleness import SecondsDelay
+
+RUN_ID = "fanout"
+
+
+def versions(megabytes: float) -> tuple[dict, dict]:
+    gen = torch.Generator().manual_seed(0)
+    per = 1 << 20  # elements per tensor (2 MiB in bfloat16)
+    count = max(1, int(megabytes * 1e6 / 2 / per))
+    v0 = {f"layer{i}.weight": (torch.randn(per, generator=gen) * 0.02).to(torch.bfloat16) for i in range(count)}
+    v1 = {k: (t.float() - 1e-4 * torch.sign(torch.randn(per, generator=gen))).to(torch.bfloat16) for k, t in v0.items()}
+    return v0, v1
+
+
+def stopping() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    return stop
+
+
+def learner(args) -> None:
+    stop = stopping()
+    fabric = join(args.transport, run_id=RUN_ID, peers=[args.peers], role="learner", host="0.0.0.0",
+                  upload_slots=args.slots or None)
+    store = VersionStore()
+    staged = versions(args.megabytes)
+    announced: list[int] = []
+
+    def beat() -> None:
+        if announced:
+            with store.lock:
+                version = store.latest
+                digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
+            fabric.announce(version, digest, recent=recent)
+            fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
+
+    store.add(0, staged[0])
+    server = fabric.weight_server(store)
+    pulse = Pulse(beat, 1.0)
+    out = Path(args.dir)
+    write_json_atomic(out / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id,
+                                           "learner_key": encode_learner_key(fabric.public_key)})
+    while not stop.wait(0.05):
+        for version in (0, 1):
+            if version not in announced and (out / f"go{version}").exists():
+                if version == 1:
+                    store.add(1, staged[1])  # encodes the delta from version 0, as a learner's publish does
+                announced.append(version)
+                write_json_atomic(out / f"announced{version}.json", {"time": time.time()})
+                pulse.poke()
+        write_json_atomic(out / "served.json", {"served": server.served, "busy": server.slots.refused})
+    pulse.close()
+    server.close()
+    fabric.shutdown()
+
+
+def receiver(args) -> None:
+    stop = stopping()
+    fabric = join(args.transport, run_id=RUN_ID, peers=[args.peers], role="receiver", host="0.0.0.0",
+                  upload_slots=args.slots or None)
+    store = VersionStore()
+    server = fabric.weight_server(store)
+    events = EventLog(Path(args.dir))
+    state = {"fetch": None}
+
+    def beat() -> None:
+        with store.lock:
+            holds = tuple(store.states)
+        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds))
+
+    pulse = Pulse(beat, 1.0)
+
+    def fetched(result) -> None:
+        events.event("version_fetched", version=result.version, holder=result.holder, bytes=result.bytes,
+                     kinds=result.kinds, seconds=round(result.seconds, 4), relayed=result.relayed)
+        state["fetch"] = result
+        pulse.poke()
+
+    follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),
+                               random.Random(fabric.peer_id), echo=print, on_fetch=fetched, relay=not args.no_relay,
+                               poll_s=0.25)
+    write_json_atomic(Path(args.dir) / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id})
+    stop.wait()
+    follower.close()
+    pulse.close()
+    server.close()
+    events.close()
+    fabric.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role", choices=["learner", "receiver"])
+    parser.add_argument("--transport", default="hivemind")
+    parser.add_argument("--peers", required=True)
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--megabytes", type=float, default=100.0)
+    parser.add_argument("--slots", type=int, default=2, help="upload slots (0: no limit)")
+    parser.add_argument("--key", default="")
+    parser.add_argument("--no-relay", action="store_true")
+    args = parser.parse_args()
+    learner(args) if args.role == "learner" else receiver(args)
+
+
+if __name__ == "__main__":
+    main()

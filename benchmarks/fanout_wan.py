@@ -1,0 +1,148 @@
+"""Fan-out under shaped links: how long one policy version takes to reach 1, 2, 4 and 8 samplers
+when every peer has a 100 Mbit/s link (up and down, tbf in network namespaces: benchmarks/wan.py),
+and how many copies the learner uploads.
+
+Every peer is its own process set (Python, hivemind's DHT process and p2pd) in its own namespace,
+running the product's code (benchmarks/fanout_peer.py): the version store, the weight server with
+its upload slots, the follower's holder choice and busy handling, heartbeats listing held versions.
+Two strategies:
+- star: every sampler fetches from the learner, which serves them all at once (no upload limit);
+- relay: the product's default: samplers fetch from other holders first, every holder serves at
+  most 2 transfers at once (the learner too), a busy holder is passed over;
+- chunked cut-through (a relay forwarding a version's verified chunks before it holds all of
+  them): not built yet, so not measured.
+
+Two payloads: a snapshot of about 50 MB (bfloat16, what a new sampler fetches) and the delta of
+one AdamW-sized step on it (what every sampler fetches after each step). 50 MB, not the 100 MB of
+a real mid-size model, because all receivers share this machine's 24 GB: applying a delta takes
+about 40 bytes of memory per weight (benchmarks/results/fanout_wan.md), and 8 receivers applying a
+100 MB version's delta at once ran out of memory. Time runs from the
+learner's announcement to the last sampler holding the verified version; followers poll every
+0.25 s. No delay emulation (no netem here): links add bandwidth limits, not latency. All peers
+share this machine's two cores, which the table's CPU column reports.
+
+    python -m benchmarks fanout_wan            # results in benchmarks/results/fanout_wan.{json,md,png}
+    GEPO_FANOUT_MB=100 python -m benchmarks fanout_wan  # the size of the issue's figure (needs ~40 GB)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from benchmarks.common import RESULTS, markdown_table, write_result
+from benchmarks.wan import Wan, wan_unavailable
+from benchmarks.wan_swarm import WanSwarm, records, wait_for
+
+RATE_MBIT = 100
+RECEIVERS = (1, 2, 4, 8)
+STRATEGIES = {"star": {"slots": 0, "relay": False}, "relay": {"slots": 2, "relay": True}}
+PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
+
+
+def arrival_times(dirs: list[Path], version: int, announced_at: float) -> list[float]:
+    found = []
+    for d in dirs:
+        times = [e["time"] for e in records(d) if e.get("event") == "version_fetched" and e["version"] >= version]
+        if times:
+            found.append(min(times) - announced_at)
+    return found
+
+
+def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, root: Path) -> dict:
+    import psutil
+
+    options = STRATEGIES[strategy]
+    with Wan() as wan:
+        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}")
+        try:
+            boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
+            addr = swarm.ready(boot)["addresses"][0]
+            learner_dir = swarm.root / "learner"
+            swarm.spawn(wan.host("learner", rate_mbit=RATE_MBIT), "learner",
+                        ["learner", "--transport", transport, "--peers", addr, "--dir", str(learner_dir),
+                         "--megabytes", str(megabytes), "--slots", str(options["slots"])], program=PEER)
+            wait_for(lambda: (learner_dir / "ready.json").exists(), 300, "the learner holding its versions", swarm)
+            key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
+            dirs = [swarm.root / f"r{i}" for i in range(receivers)]
+            for i, d in enumerate(dirs):
+                swarm.spawn(wan.host(f"r{i}", rate_mbit=RATE_MBIT), f"r{i}",
+                            ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
+                             "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"])], program=PEER)
+            for d in dirs:
+                wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
+            row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            for version, name in ((0, "snapshot"), (1, "delta")):
+                psutil.cpu_percent()
+                (learner_dir / f"go{version}").touch()
+                wait_for(lambda: (learner_dir / f"announced{version}.json").exists(), 60, "the announcement", swarm)
+                at = json.loads((learner_dir / f"announced{version}.json").read_text())["time"]
+                wait_for(lambda: len(arrival_times(dirs, version, at)) == receivers, 900, f"{name} at every receiver",
+                         swarm, poll_s=0.2)
+                row[f"{name}_s"] = max(arrival_times(dirs, version, at))
+                row[f"{name}_cpu_percent"] = psutil.cpu_percent()
+                served = json.loads((learner_dir / "served.json").read_text())["served"]
+                row[f"{name}_learner_uploads"] = served - row.get("snapshot_learner_uploads", 0)
+                fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
+                row[f"{name}_mb"] = max(e["bytes"] for e in fetches) / 1e6
+        finally:
+            swarm.stop_all()
+    return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, name in zip(axes, ("snapshot", "delta")):
+        for strategy in STRATEGIES:
+            pts = [(r["receivers"], r[f"{name}_s"]) for r in rows if r["strategy"] == strategy]
+            ax.plot(*zip(*pts), marker="o", label=strategy)
+        one = min(r[f"{name}_s"] for r in rows if r["receivers"] == 1)
+        ax.axhline(1.5 * one, color="grey", linestyle=":", label="1.5x one receiver (goal)")
+        mb = rows[0][f"{name}_mb"]
+        ax.set(title=f"{name} ({mb:.1f} MB), {RATE_MBIT} Mbit/s links", xlabel="samplers", ylabel="seconds to the last",
+               xticks=list(RECEIVERS))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run() -> dict:
+    unavailable = wan_unavailable()
+    if unavailable:
+        print(f"  skipped: {unavailable}")
+        return {}
+    megabytes = float(os.environ.get("GEPO_FANOUT_MB", 50))
+    transport = os.environ.get("GEPO_FANOUT_TRANSPORT", "hivemind")
+    rows = []
+    with TemporaryDirectory() as tmp:
+        for strategy in STRATEGIES:
+            for n in RECEIVERS:
+                started = time.time()
+                rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp)))
+                print(f"  {strategy} x{n}: snapshot {rows[-1]['snapshot_s']:.1f}s, delta {rows[-1]['delta_s']:.2f}s "
+                      f"(learner uploads {rows[-1]['snapshot_learner_uploads']}/{rows[-1]['delta_learner_uploads']}; "
+                      f"{time.time() - started:.0f}s)", flush=True)
+    for r in rows:
+        one = next(x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1)
+        r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
+    plot(rows, RESULTS / "fanout_wan.png")
+    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "rows": rows}
+    md = (f"# Fan-out of one version under {RATE_MBIT} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
+          f"Seconds from the learner's announcement to the last sampler holding the verified version; "
+          f"learner uploads: copies it served. Plot: fanout_wan.png.\n\n" + markdown_table(
+              ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "learner copies", "delta MB", "delta s",
+               "x one", "learner copies", "CPU % (snapshot)"],
+              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"],
+                r["snapshot_learner_uploads"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_learner_uploads"],
+                r["snapshot_cpu_percent"]] for r in rows]))
+    write_result("fanout_wan", figures, md)
+    return figures
