@@ -292,8 +292,9 @@ def bogus(*messages):
 
 
 HOSTILE_HOLDERS = {
+    # a snapshot is one payload: anything more is refused before a byte of it is read
     "too many payloads": (bogus(pack({"ok": True, "sizes": [1] * (MAX_HELD_VERSIONS + 1)})), CorruptVersion,
-                          f"at most {MAX_HELD_VERSIONS} payloads"),
+                          rf"announced {MAX_HELD_VERSIONS + 1} payloads for None -> 0 \(1..1\)"),
     "a payload over the receiver's limit": (bogus(pack({"ok": True, "sizes": [4 * 10**6]})), OversizedPayload, "limit"),
     "a size that is not a number": (bogus(pack({"ok": True, "sizes": ["10"]})), OversizedPayload, "limit"),
     "an oversized chunk": (bogus(pack({"ok": True, "sizes": [8000]}), bytes(CHUNK_BYTES + 1)), CorruptVersion,

@@ -66,3 +66,19 @@ def is_wildcard(host: str) -> bool:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
+
+
+def usable_ip(ip) -> str | None:
+    """`ip` as others could dial it (an IPv4-mapped IPv6 address as IPv4), or None when it is not an
+    address or is loopback (a registry on the same machine says nothing about what others can dial)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except (TypeError, ValueError):
+        return None
+    addr = getattr(addr, "ipv4_mapped", None) or addr
+    return None if addr.is_loopback or addr.is_unspecified else str(addr)
+
+
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -56,13 +56,14 @@ def free_port() -> int:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    """In the DHT process: once `parent_pid` is gone (the peer died, even by SIGKILL), kill this
-    process's own children (p2pd) and exit. Polling the parent id needs no cooperation from hivemind."""
+    """In the DHT process: once `parent_pid` is gone (the peer died, even by SIGKILL), or when this
+    process is told to terminate (multiprocessing does so at the peer's exit), kill this process's
+    own children (p2pd) and exit. Polling the parent id needs no cooperation from hivemind."""
+    import signal
+
     import psutil
 
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            threading.Event().wait(PARENT_POLL_S)
+    def end(*_) -> None:
         for child in psutil.Process().children(recursive=True):
             try:
                 child.kill()
@@ -70,6 +71,12 @@ def _exit_with_parent(parent_pid: int) -> None:
                 pass
         os._exit(0)
 
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            threading.Event().wait(PARENT_POLL_S)
+        end()
+
+    signal.signal(signal.SIGTERM, end)
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
@@ -92,7 +99,7 @@ def stop_leftover_daemons(identity_path: Path, *, timeout_s: float = 5.0) -> lis
     lock (swarm.fabric.identity.claim_identity_slot), so no live peer uses that key file."""
     import psutil
 
-    flag = f"-id={Path(identity_path)}"
+    flag = f"-id={Path(identity_path).resolve()}"
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
@@ -135,9 +142,9 @@ def start_dht(
     public: this node is reachable from the internet (a bootstrap node): it relays for peers
     behind NATs from the start rather than once AutoNAT has confirmed it (which a small swarm may
     never do).
-    client_mode: join without accepting inbound connections (behind a NAT nobody can dial): the
-    node reads and writes DHT records and dials others, but stores no one's records and cannot
-    be dialled, so it serves no weights and takes no rollouts.
+    client_mode: take no part in the DHT's routing and storage (for a peer behind a NAT nobody can
+    dial: others would try it for every lookup); it still reads and writes records, and its
+    streams (rollouts, weights) work over the connections it opens.
     Raises JoinError naming the addresses when none of `initial_peers` answers in time.
     """
     from hivemind.dht.crypto import RSASignatureValidator
@@ -168,7 +175,7 @@ def start_dht(
         kwargs["force_reachability"] = "public"
     if identity_path is not None:
         Path(identity_path).parent.mkdir(parents=True, exist_ok=True)
-        kwargs["identity_path"] = str(identity_path)
+        kwargs["identity_path"] = str(Path(identity_path).resolve())
         if reclaim_identity:
             stop_leftover_daemons(Path(identity_path))
     try:

@@ -29,34 +29,41 @@ from swarm.fabric.weight_delta import CorruptVersion
 
 logger = logging.getLogger(__name__)
 SHUN_S = 300.0  # how long a holder that served a version that does not verify is not asked again
-BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random wait in this range
+UNREACHABLE_SHUN_S = 60.0  # how long a holder that could not be reached (or timed out) is not asked again
+MAX_RELAYS_TRIED = 3  # relays asked per attempt before the learner: a swarm of fake holders costs a few dials, not N
+BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random wait in this range, doubling
+BUSY_RETRY_MAX_S = 5.0  # with each busy round in a row, up to this
 
 
 def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
                 shunned: Callable[[str], bool] = lambda peer: False) -> list[str]:
-    """The peers to fetch an announced version from, in the order to try them: the other members
-    that hold it, shuffled (spreading the load), then the learner that announced it."""
+    """The peers to fetch an announced version from, in the order to try them: up to
+    MAX_RELAYS_TRIED other members that hold it, drawn at random (spreading the load), then the
+    learner that announced it."""
     relays = sorted({m.record.peer_id for m in members
                      if announcement.version in m.record.holds and m.record.peer_id not in (me, announcement.peer_id)
                      and not shunned(m.record.peer_id)})
     (rng or random).shuffle(relays)
-    return relays + [announcement.peer_id]
+    return relays[:MAX_RELAYS_TRIED] + [announcement.peer_id]
 
 
 def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str, store: VersionStore,
                        unreachable: tuple[type[BaseException], ...],
-                       on_corrupt: Callable[[str, BaseException], None] | None = None) -> FetchResult:
+                       on_corrupt: Callable[[str, BaseException], None] | None = None,
+                       known: dict[int, str] | None = None,
+                       on_unreachable: Callable[[str, BaseException], None] | None = None) -> FetchResult:
     """Version `want` from the first holder that serves it whole and verified. Raises HolderBusy
     when every holder that answered was busy, else the last holder's error (nothing is added to
     `store` then). `on_corrupt(holder, error)` hears of each holder that sent a version that does
-    not verify."""
+    not verify, `on_unreachable` of each that could not be reached; `known`: signed hashes of
+    recent versions (RebuildingClient.fetch)."""
     if not holders:
         raise ValueError("no holder to fetch from")
     failure: BaseException | None = None
     busy = 0
     for holder in holders:
         try:
-            return client.fetch(holder, want, want_hash, store)
+            return client.fetch(holder, want, want_hash, store, known)
         except HolderBusy as exc:
             busy += 1
             failure = failure or exc
@@ -65,8 +72,13 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
             if on_corrupt is not None:
                 on_corrupt(holder, exc)
             failure = exc
-        except (*unreachable, KeyError) as exc:  # fault-tolerance boundary: try the next
+        except KeyError as exc:  # it does not hold the version (any more): try the next
+            logger.info("holder %s could not serve version %d: %s", holder, want, exc)
+            failure = exc
+        except unreachable as exc:  # fault-tolerance boundary: gone, or a transfer cut: try the next
             logger.info("holder %s could not serve version %d: %s: %s", holder, want, type(exc).__name__, exc)
+            if on_unreachable is not None:
+                on_unreachable(holder, exc)
             failure = exc
     if busy and not isinstance(failure, HolderBusy) and busy == len(holders):
         failure = HolderBusy(f"all {busy} holders of version {want} are busy")
@@ -122,6 +134,10 @@ class VersionFollower:
         self._shunned[peer] = time.monotonic() + SHUN_S
         self.echo(f"holder {peer} sent a version that does not verify ({exc}); not asking it for {SHUN_S:.0f}s")
 
+    def _unreachable(self, peer: str, exc: BaseException) -> None:
+        if peer != self.learner_peer:  # the learner is always asked: it may be restarting
+            self._shunned[peer] = max(self._shunned.get(peer, 0.0), time.monotonic() + UNREACHABLE_SHUN_S)
+
     def _members(self) -> list:
         if not self.relay:
             return []
@@ -139,7 +155,8 @@ class VersionFollower:
         members = self._members()
         holders = holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
         try:
-            return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable, on_corrupt=self._shun)
+            return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable,
+                                      on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
         except HolderBusy:
             mine = self.store.latest if self.store.latest is not None else -1
             for version in sorted((v for v in ann.recent if v > mine), reverse=True):
@@ -147,11 +164,12 @@ class VersionFollower:
                 relays = holders_for(older, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)[:-1]
                 if relays:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
-                                              on_corrupt=self._shun)
+                                              on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
             raise
 
     def _run(self) -> None:
         unreachable = self.fabric.unreachable_errors()
+        busy_in_a_row = 0
         while not self.stop.is_set():
             try:
                 ann = self.fabric.latest_announced(self.keys)
@@ -165,8 +183,10 @@ class VersionFollower:
                         fetched = self._fetch(ann, unreachable)
                     except HolderBusy as exc:  # the version is spreading: ask again soon, no failure
                         self.busy_waits += 1
+                        busy_in_a_row += 1
                         self.last_error = str(exc)
-                        self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))
+                        backoff = min(BUSY_RETRY_MAX_S, self.rng.uniform(*BUSY_RETRY_S) * 2 ** min(busy_in_a_row - 1, 8))
+                        self.stop.wait(backoff)
                         continue
                     except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: whatever a holder did, retry
                         self._failures += 1
@@ -174,6 +194,7 @@ class VersionFollower:
                         if self._failures in (1, 10) or self._failures % 100 == 0:
                             self.echo(f"could not fetch version {ann.version} ({self.last_error}); retrying")
                     else:
+                        busy_in_a_row = 0
                         fetched.relayed = fetched.holder != ann.peer_id
                         self._fetched(fetched)
                         if fetched.version < ann.version:

@@ -46,11 +46,11 @@ from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
 from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
 from swarm.fabric.versions import (
     HEADER_LIMIT,
-    MAX_HELD_VERSIONS,
     WEIGHT_REQUEST_LIMIT,
     Announced,
     RebuildingClient,
     UploadSlots,
+    check_payload_count,
     check_payload_size,
     newest_authorised,
     refuse_unless_ok,
@@ -64,6 +64,7 @@ WEIGHTS = f"/{SERVICE}.Peer/Weights"
 RESERVE_WORKERS = 16  # server threads rollout streams can never take: weight requests and refusals run there
 WEIGHT_SEND_S = 30.0  # longest a receiver may take to read one chunk (4 MiB: at least ~140 KB/s)
 REMEMBERED_NAMES = 100_000
+MAX_CHANNELS = 256  # open channels to other peers (the registry's among them), least recently used closed first
 # what a client accepts in one message: a weight chunk and some room, far below the server's limit
 # for rollout frames, so a holder cannot make a receiver buffer 64 MiB per message
 CLIENT_RECEIVE_LIMIT = CHUNK_BYTES + 1024 * 1024
@@ -72,11 +73,14 @@ STREAM_REFUSALS = ("RESOURCE_EXHAUSTED", "UNAUTHENTICATED")
 
 
 class _Channels:
-    """One channel per remote address, reused across calls (a peer id names its address)."""
+    """One channel per remote address, reused across calls (a peer id names its address); the
+    least recently used are closed beyond `limit`, so member records naming ever new addresses
+    cannot grow them without bound."""
 
-    def __init__(self) -> None:
-        self._channels: dict = {}
+    def __init__(self, limit: int = MAX_CHANNELS) -> None:
+        self._channels: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        self.limit = limit
 
     def get(self, peer: str):
         import grpc
@@ -86,6 +90,9 @@ class _Channels:
             if address not in self._channels:
                 options = [("grpc.max_send_message_length", MESSAGE_LIMIT), ("grpc.max_receive_message_length", CLIENT_RECEIVE_LIMIT)]
                 self._channels[address] = grpc.insecure_channel(address, options=options)
+                while len(self._channels) > self.limit:
+                    self._channels.popitem(last=False)[1].close()
+            self._channels.move_to_end(address)
             return self._channels[address]
 
     def close(self) -> None:
@@ -290,15 +297,15 @@ class GrpcWeightServer:
         if not _is_int(want):
             yield pack({"ok": False, "reason": f"want must be a version number, not {type(want).__name__}"})
             return
-        try:
-            payloads = self.store.payloads(have if _is_int(have) else None, want)
-        except (KeyError, TypeError, ValueError) as exc:
-            yield pack({"ok": False, "reason": str(exc)})
-            return
-        if not self.slots.take():
+        if not self.slots.take():  # the slot first: a request that is refused costs no encoding
             yield pack(self.slots.busy_reply())
             return
         try:  # a receiver that goes away ends this generator (GeneratorExit): the slot is freed all the same
+            try:
+                payloads = self.store.payloads(have if _is_int(have) else None, want)
+            except (KeyError, TypeError, ValueError) as exc:
+                yield pack({"ok": False, "reason": str(exc)})
+                return
             yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
             for payload in payloads:
                 for start in range(0, len(payload), CHUNK_BYTES):
@@ -317,7 +324,7 @@ def _is_int(value) -> bool:
 
 class GrpcWeightClient(RebuildingClient):
     """Fetches versions from holders' gRPC servers, each request signed. What a holder says is
-    checked before anything is read: at most MAX_HELD_VERSIONS payloads, each at most
+    checked before anything is read: at most the payloads `have -> want` takes, each at most
     `max_payload_bytes`, sent in chunks of at most CHUNK_BYTES that add up to exactly that size."""
 
     def __init__(self, channels: _Channels, signer: RequestSigner, *, timeout_s: float = 120.0,
@@ -329,12 +336,12 @@ class GrpcWeightClient(RebuildingClient):
         call = self._channels.get(holder).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
         messages = call(iter([body]), timeout=self.timeout_s, metadata=self._signer.metadata(WEIGHTS, body))
         try:
-            sizes = self._sizes(holder, want, next(messages, None))
+            sizes = self._sizes(holder, have, want, next(messages, None))
             return [self._payload(holder, messages, size) for size in sizes]
         finally:
             messages.cancel()  # a refused transfer stops the holder's sending as well
 
-    def _sizes(self, holder: str, want: int, first: bytes | None) -> list[int]:
+    def _sizes(self, holder: str, have: int | None, want: int, first: bytes | None) -> list[int]:
         if first is None:
             raise CorruptVersion(f"holder {holder} sent no header")
         if len(first) > HEADER_LIMIT:
@@ -343,10 +350,11 @@ class GrpcWeightClient(RebuildingClient):
             header = unpack(first)
         except (ValueError, msgpack.UnpackException) as exc:
             raise CorruptVersion(f"holder {holder} sent an unreadable header: {exc}") from exc
-        sizes = header.get("sizes", []) if isinstance(header, dict) else None
-        if not isinstance(sizes, list) or len(sizes) > MAX_HELD_VERSIONS:
-            raise CorruptVersion(f"holder {holder} sent a malformed header (at most {MAX_HELD_VERSIONS} payloads)")
+        if not isinstance(header, dict):
+            raise CorruptVersion(f"holder {holder} sent a malformed header")
         refuse_unless_ok(header, holder, want)
+        sizes = header.get("sizes")
+        check_payload_count(len(sizes) if isinstance(sizes, list) else None, have, want, holder)
         return [check_payload_size(size, holder, self.max_payload_bytes) for size in sizes]  # all, before reading any
 
     def _payload(self, holder: str, messages, size: int) -> bytes:
@@ -409,19 +417,25 @@ class GrpcFabric:
         public address behind one), or this machine's outbound address when that is loopback (a
         registry on the same machine says nothing about what others can dial)."""
         from swarm.config import split_host_port
-        from swarm.fabric.addresses import is_wildcard, outbound_address
+        from swarm.fabric.addresses import host_port, is_wildcard, outbound_address, usable_ip
+
+        import grpc
 
         port = self.server.port
         if announce_addr:
             announced_host, announced_port = split_host_port(announce_addr)
-            return f"{announced_host}:{announced_port or port}"
+            return host_port(announced_host, announced_port or port)
         if not is_wildcard(host):
-            return f"{host}:{port}"
-        reply = self._call("Observe", {"run_id": self.run_id})
-        seen = reply.get("ip") if isinstance(reply, dict) else None
-        if not isinstance(seen, str) or not seen or seen.startswith("127."):
-            seen = outbound_address() or seen or "127.0.0.1"
-        return f"[{seen}]:{port}" if ":" in seen else f"{seen}:{port}"
+            return host_port(host, port)
+        try:
+            reply = self._call("Observe", {"run_id": self.run_id})
+        except grpc.RpcError as exc:  # a registry of an older version: this machine's own idea of it
+            logger.warning("the registry cannot say which address it sees (%s); telling others %s", exc.code(), outbound_address())
+            reply = {}
+        seen = usable_ip(reply.get("ip") if isinstance(reply, dict) else None)
+        if seen is None:
+            seen = outbound_address() or "127.0.0.1"
+        return host_port(seen, port)
 
     def _call(self, method: str, request: dict) -> dict:
         """One signed registry call (the request streamed as one message: see grpc_common)."""

@@ -324,6 +324,7 @@ class GrpcBootstrap:
 
     def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
         from swarm.config import split_host_port
+        from swarm.fabric.addresses import host_port
 
         self.run_id, self.host = run_id, host
         self.registry = Registry()
@@ -331,7 +332,7 @@ class GrpcBootstrap:
         self.announced = None
         if announce_addr:
             announced_host, announced_port = split_host_port(announce_addr)
-            self.announced = f"{announced_host}:{announced_port or self.port}"
+            self.announced = host_port(announced_host, announced_port or self.port)
 
     @property
     def peer_id(self) -> str:
@@ -340,10 +341,10 @@ class GrpcBootstrap:
     def addresses(self) -> list[str]:
         """HOST:PORT for --peers, the best for others first: the announced address, else (listening
         on every interface) this machine's addresses, public, private, then loopback."""
-        from swarm.fabric.addresses import interface_addresses, is_wildcard
+        from swarm.fabric.addresses import host_port, interface_addresses, is_wildcard
 
         hosts = interface_addresses() if is_wildcard(self.host) else [self.host]
-        found = [f"{h}:{self.port}" for h in hosts]
+        found = [host_port(h, self.port) for h in hosts]
         return list(dict.fromkeys(([self.announced] if self.announced else []) + found))
 
     def members(self):

@@ -53,9 +53,11 @@ class WeightServer(Protocol):
 
 
 class WeightClient(Protocol):
-    def fetch(self, holder: str, want: int, want_hash: str, store: VersionStore) -> FetchResult:
-        """Version `want` from `holder`, rebuilt and verified against `want_hash`, added to `store`.
-        Raises CorruptVersion (nothing added) when it does not verify."""
+    def fetch(self, holder: str, want: int, want_hash: str, store: VersionStore,
+              known: Mapping[int, str] | None = None) -> FetchResult:
+        """Version `want` from `holder`, rebuilt and verified against `want_hash`, added to `store`
+        (with the versions on the way whose hashes `known` vouches for). Raises CorruptVersion
+        (nothing added) when it does not verify, HolderBusy when the holder's slots are taken."""
 
     def close(self) -> None: ...
 

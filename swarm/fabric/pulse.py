@@ -36,6 +36,7 @@ class Pulse:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before the beat: a poke during it brings the next one at once
             try:
                 self.beat()
                 self.beats += 1
@@ -44,7 +45,6 @@ class Pulse:
                 log = logger.warning if self.failures in (1, 10) or self.failures % 100 == 0 else logger.debug
                 log("heartbeat failed (%d in all): %s: %s", self.failures, type(exc).__name__, exc)
             self._wake.wait(self.interval_s)
-            self._wake.clear()
 
     def close(self) -> None:
         self._stop.set()

@@ -40,7 +40,8 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     if identity_dir is None:
         signing_key = RSAPrivateKey()
     else:
-        identity_dir = Path(identity_dir)
+        # absolute: the p2p daemon is told this path, and leftover daemons are found by it
+        identity_dir = Path(identity_dir).resolve()
         stem = claim_identity_slot(identity_dir, role)
         signing_key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
         p2p_key = identity_dir / f"{stem}.p2p.key"

@@ -45,6 +45,21 @@ class OversizedPayload(CorruptVersion):
 
 
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
+SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
+
+
+def send_deadline(size: int) -> float:
+    """Seconds a receiver gets to take `size` bytes before a holder gives up on it (and frees the slot)."""
+    return 30.0 + size / SLOWEST_RECEIVER
+
+
+def check_payload_count(count, have: int | None, want: int, holder) -> int:
+    """The number of payloads a holder may send for have -> want: the deltas have+1..want, or one
+    snapshot. Checked before anything is read, so a holder cannot make a receiver buffer more."""
+    most = want - have if have is not None and have < want else 1
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= most:
+        raise CorruptVersion(f"holder {holder} announced {count!r} payloads for {have} -> {want} (1..{most})")
+    return count
 WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 
 
@@ -247,19 +262,25 @@ class WeightServer:
                 have, want = request.get("have"), request.get("want")
                 if not isinstance(want, int) or isinstance(want, bool):
                     raise ValueError(f"want must be a version number, not {want!r}")
-                payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
             except (asyncio.IncompleteReadError, asyncio.TimeoutError):
                 raise
-            except Exception as exc:  # noqa: BLE001  garbage, a map without `get`, a version not held
+            except Exception as exc:  # noqa: BLE001  garbage, a map without `get`
                 await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
                 return
+            # the slot first: a request that is refused costs no encoding
             if not self.slots.take():
                 await P2P.send_raw_data(msgpack.packb(self.slots.busy_reply()), writer)
                 return
             try:
+                try:
+                    payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
+                except (KeyError, TypeError, ValueError) as exc:  # a version not held
+                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
+                    return
                 await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
                 for payload in payloads:
-                    await P2P.send_raw_data(payload, writer)
+                    # a receiver that stops reading would otherwise hold this upload slot for good
+                    await asyncio.wait_for(P2P.send_raw_data(payload, writer), send_deadline(len(payload)))
                 self.served += 1
             finally:
                 self.slots.release()
@@ -292,20 +313,25 @@ class RebuildingClient:
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
 
-    def fetch(self, holder, want: int, want_hash: str, store: VersionStore) -> FetchResult:
+    def fetch(self, holder, want: int, want_hash: str, store: VersionStore,
+              known: Mapping[int, str] | None = None) -> FetchResult:
         """Version `want` from `holder`, added to `store`. Raises CorruptVersion (nothing is
-        added) when what arrives does not rebuild `want_hash`. Deltas that do not apply (this
-        peer's base is not what the holder thinks) are followed by one request for a snapshot,
-        rather than the same deltas again at every poll."""
+        added) when what arrives does not rebuild `want_hash`. The versions a chain of deltas
+        passes through are kept too, but only those whose hash `known` (the learner's signed
+        hashes of recent versions) vouches for: a relay must not get a state of its making stored
+        (and served on) under a version number. Deltas that do not apply (this peer's base is not
+        what the holder thinks) are followed by one request for a snapshot, rather than the same
+        deltas again at every poll."""
         try:
-            return self._fetch(holder, want, want_hash, store, deltas=True)
+            return self._fetch(holder, want, want_hash, store, known or {}, deltas=True)
         except CorruptVersion as exc:
             if not getattr(exc, "from_deltas", False):
                 raise
             logger.info("deltas to version %d from %s did not apply (%s); asking for a snapshot", want, holder, exc)
-            return self._fetch(holder, want, want_hash, store, deltas=False)
+            return self._fetch(holder, want, want_hash, store, known or {}, deltas=False)
 
-    def _fetch(self, holder, want: int, want_hash: str, store: VersionStore, *, deltas: bool) -> FetchResult:
+    def _fetch(self, holder, want: int, want_hash: str, store: VersionStore, known: Mapping[int, str], *,
+               deltas: bool) -> FetchResult:
         started = time.time()
         with store.lock:
             have = store.latest if deltas and store.latest is not None and store.latest < want else None
@@ -331,9 +357,10 @@ class RebuildingClient:
         bad = non_finite_tensors(state)
         if bad:  # signed and hashed, and still unusable: never load it
             raise CorruptVersion(f"version {want} from {holder} holds non-finite weights ({', '.join(bad[:3])})")
-        for v, s, payload, d, kind in built:  # only a fully verified chain is kept
-            store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
-                      snapshot=payload if kind == "snapshot" else None, owned=True)
+        for v, s, payload, d, kind in built:  # only a fully verified chain is kept, and of it what is vouched for
+            if v == want or known.get(v) == d:
+                store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
+                          snapshot=payload if kind == "snapshot" else None, owned=True)
         return FetchResult(version=want, holder=str(holder), bytes=sum(len(p) for p in payloads),
                            kinds=[b[4] for b in built], seconds=time.time() - started)
 
@@ -363,11 +390,11 @@ class WeightClient(RebuildingClient):
                 header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
             except (ValueError, msgpack.UnpackException) as exc:
                 raise CorruptVersion(f"holder {peer_id} sent an unreadable header: {exc}") from exc
-            if not isinstance(header, dict) or not isinstance(header.get("count", 0), int) or \
-                    not 0 <= header.get("count", 0) <= MAX_HELD_VERSIONS:
-                raise CorruptVersion(f"holder {peer_id} sent a malformed header (at most {MAX_HELD_VERSIONS} payloads)")
+            if not isinstance(header, dict):
+                raise CorruptVersion(f"holder {peer_id} sent a malformed header")
             refuse_unless_ok(header, peer_id, want)
-            return [await receive(self.max_payload_bytes) for _ in range(header["count"])]
+            count = check_payload_count(header.get("count"), have, want, peer_id)
+            return [await receive(self.max_payload_bytes) for _ in range(count)]
         finally:
             writer.close()
 
