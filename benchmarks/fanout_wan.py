@@ -15,8 +15,8 @@ Two strategies:
 Two payloads: a snapshot of about 50 MB (bfloat16, what a new sampler fetches) and the delta of
 one AdamW-sized step on it (what every sampler fetches after each step). 50 MB, not the 100 MB of
 a real mid-size model, because all receivers share this machine's 24 GB: applying a delta takes
-about 40 bytes of memory per weight (benchmarks/results/fanout_wan.md), and 8 receivers applying a
-100 MB version's delta at once ran out of memory. Time runs from the
+about 85 bytes of memory per changed weight (this step changes half of them), and 8 receivers
+applying a 100 MB version's delta at once ran out of memory. Time runs from the
 learner's announcement to the last sampler holding the verified version; followers poll every
 0.25 s. No delay emulation (no netem here): links add bandwidth limits, not latency. All peers
 share this machine's two cores, which the table's CPU column reports.
