@@ -97,6 +97,7 @@ def test_readme_commands_work_across_machines_as_written(tmp_path, transport):
     assert roles == ["learner", "sampler"], status
     sampler_row = next(p for p in status["peers"] if p["role"] == "sampler")
     assert sampler_row["last_fetch"] is not None and sampler_row["last_fetch"]["bytes"] > 0, sampler_row
+    assert sampler_row["holds"], sampler_row  # a public sampler offers the versions it holds to relay
     learner_row = next(p for p in status["peers"] if p["role"] == "learner")
     assert b.ip in learner_row["peer_id"] or transport == "hivemind", learner_row  # gRPC ids carry the dialled address
     used = steps_of(learner.run_dir)
@@ -142,10 +143,13 @@ def test_sampler_behind_nat_streams_rollouts_and_follows_versions(tmp_path, tran
             addr, learner, key = start_run(swarm, a, b, transport)
             sampler = start_sampler(swarm, c, "natted", addr, key, transport)
             wait_for(lambda: len(versions_fetched(sampler.run_dir)) >= 3, 180, "three versions fetched behind the NAT", swarm)
+            row = next(p for p in status_json(swarm, a, addr, transport, run_id="wan")["peers"] if p["role"] == "sampler")
         finally:
             swarm.stop_all()
     assert accepted(sampler.run_dir) >= 8, records(sampler.run_dir)[-5:]
     assert len(steps_of(learner.run_dir)) >= 2
+    if transport == "grpc":  # it knows it is behind a NAT (the registry sees another address): it offers nothing to relay
+        assert row["holds"] == [] and row["peer_id"].endswith(f"@{c.public_ip}:{row['peer_id'].rsplit(':', 1)[1]}"), row
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -401,6 +401,7 @@ class GrpcFabric:
         self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
         self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
         self.upload_slots = upload_slots
+        self._dialable = serve
         self.key_id = key_id(owner_key(signing_key))
         self.channels = _Channels()
         self.server = GrpcPeerServer(host, port, run_id) if serve else None
@@ -417,7 +418,7 @@ class GrpcFabric:
         public address behind one), or this machine's outbound address when that is loopback (a
         registry on the same machine says nothing about what others can dial)."""
         from swarm.config import split_host_port
-        from swarm.fabric.addresses import host_port, is_wildcard, outbound_address, usable_ip
+        from swarm.fabric.addresses import host_port, interface_addresses, is_wildcard, outbound_address, usable_ip
 
         import grpc
 
@@ -435,6 +436,11 @@ class GrpcFabric:
         seen = usable_ip(reply.get("ip") if isinstance(reply, dict) else None)
         if seen is None:
             seen = outbound_address() or "127.0.0.1"
+        elif ":" not in seen and seen not in interface_addresses():  # (interface_addresses lists IPv4)
+            # the registry sees another address than any of this machine's: a NAT is in between,
+            # and without --announce-addr (a forwarded port) nobody can dial this peer
+            self._dialable = False
+            logger.info("behind a NAT (the registry sees %s): this peer relays no versions", seen)
         return host_port(seen, port)
 
     def _call(self, method: str, request: dict) -> dict:
@@ -468,6 +474,10 @@ class GrpcFabric:
 
     def addresses(self) -> list[str]:
         return [self.registry]  # over gRPC, peers join through the registry
+
+    @property
+    def dialable(self) -> bool:
+        return self._dialable
 
     def now(self) -> float:
         return time.time()

@@ -23,11 +23,11 @@ class HivemindFabric:
     transport = "hivemind"
 
     def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float, announced: Sequence[str] = (),
-                 upload_slots: int | None = None) -> None:
+                 upload_slots: int | None = None, client_mode: bool = False) -> None:
         from swarm.fabric.records import MembershipPublisher
 
         self.dht, self.validator, self.run_id = dht, validator, run_id
-        self.announced, self.upload_slots = list(announced), upload_slots
+        self.announced, self.upload_slots, self.client_mode = list(announced), upload_slots, client_mode
         self._owned: list = []  # inboxes, servers and clients made here: closed on shutdown
         self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
 
@@ -46,6 +46,11 @@ class HivemindFabric:
     def addresses(self) -> list[str]:
         """What other peers pass to --peers to join through this one, the best for others first."""
         return visible_addresses(self.dht, self.announced)
+
+    @property
+    def dialable(self) -> bool:
+        """libp2p does not tell a peer reliably whether it is behind a NAT; --client-mode says so."""
+        return not self.client_mode
 
     def now(self) -> float:
         from hivemind.utils import get_dht_time

@@ -81,6 +81,11 @@ class Fabric(Protocol):
     def addresses(self) -> list[str]:
         """What other peers pass to --peers to join through this one."""
 
+    @property
+    def dialable(self) -> bool:
+        """Whether other peers can open connections to this one, as far as it can tell: False behind
+        a NAT it knows of (then it offers no versions to relay: every try would be a failed dial)."""
+
     def now(self) -> float:
         """The clock membership records are stamped with (seconds)."""
 

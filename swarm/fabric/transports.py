@@ -57,7 +57,8 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=listen_maddrs(host, port),
                                announce_maddrs=announced, use_auto_relay=auto_relay, client_mode=client_mode,
                                identity_path=p2p_key, reclaim_identity=p2p_key is not None, signing_key=signing_key)
-    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots)
+    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots,
+                          client_mode=client_mode)
 
 
 def join_with(settings: SwarmSettings, role: str) -> Fabric:
