@@ -95,7 +95,6 @@ def receiver(args) -> None:
     store = VersionStore()
     server = fabric.weight_server(store)
     events = EventLog(Path(args.dir))
-    state = {"fetch": None}
 
     def beat() -> None:
         with store.lock:
@@ -105,9 +104,7 @@ def receiver(args) -> None:
     pulse = Pulse(beat, 1.0)
 
     def fetched(result) -> None:
-        events.event("version_fetched", version=result.version, holder=result.holder, bytes=result.bytes,
-                     kinds=result.kinds, seconds=round(result.seconds, 4), relayed=result.relayed)
-        state["fetch"] = result
+        events.event("version_fetched", **result.event_fields())
         pulse.poke()
 
     follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),

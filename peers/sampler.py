@@ -108,8 +108,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                                        "fetch_s": round(last.seconds, 4)} if last else {})))
 
     def fetched(result) -> None:
-        events.event("version_fetched", version=result.version, holder=result.holder, bytes=result.bytes,
-                     kinds=result.kinds, seconds=round(result.seconds, 4), relayed=result.relayed)
+        events.event("version_fetched", **result.event_fields())
         status["fetch"] = result
         pulse.poke()  # others may fetch it from here now
 

@@ -82,3 +82,11 @@ def usable_ip(ip) -> str | None:
 def host_port(host: str, port: int) -> str:
     """HOST:PORT, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def announced_address(announce_addr: str, port: int) -> str:
+    """HOST:PORT of an --announce-addr (HOST or HOST:PORT), the listening `port` where it names none."""
+    from swarm.config import split_host_port
+
+    host, announced_port = split_host_port(announce_addr)
+    return host_port(host, announced_port or port)

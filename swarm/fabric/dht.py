@@ -43,8 +43,7 @@ def announce_multiaddrs(announce_addr: str | None, port: int) -> tuple[int, list
     host, announced_port = split_host_port(announce_addr)
     if announced_port is None:
         port = port or free_port()
-    family = "ip6" if ":" in host else "ip4"
-    return port, [f"/{family}/{host}/tcp/{announced_port or port}"]
+    return port, listen_maddrs(host, announced_port or port)
 
 
 def free_port() -> int:

@@ -53,19 +53,17 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
                        known: dict[int, str] | None = None,
                        on_unreachable: Callable[[str, BaseException], None] | None = None) -> FetchResult:
     """Version `want` from the first holder that serves it whole and verified. Raises HolderBusy
-    when every holder that answered was busy, else the last holder's error (nothing is added to
-    `store` then). `on_corrupt(holder, error)` hears of each holder that sent a version that does
+    when the first holder to refuse was busy and no later one failed otherwise, else the last
+    holder's error (nothing is added to `store` then). `on_corrupt(holder, error)` hears of each holder that sent a version that does
     not verify, `on_unreachable` of each that could not be reached; `known`: signed hashes of
     recent versions (RebuildingClient.fetch)."""
     if not holders:
         raise ValueError("no holder to fetch from")
     failure: BaseException | None = None
-    busy = 0
     for holder in holders:
         try:
             return client.fetch(holder, want, want_hash, store, known)
         except HolderBusy as exc:
-            busy += 1
             failure = failure or exc
         except CorruptVersion as exc:
             logger.warning("holder %s sent a version %d that does not verify: %s", holder, want, exc)
@@ -80,8 +78,6 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
             if on_unreachable is not None:
                 on_unreachable(holder, exc)
             failure = exc
-    if busy and not isinstance(failure, HolderBusy) and busy == len(holders):
-        failure = HolderBusy(f"all {busy} holders of version {want} are busy")
     raise failure
 
 
@@ -118,9 +114,7 @@ class VersionFollower:
         self.newest: int | None = None  # newest version announced
         self.learner_peer: str | None = None  # the peer that announced it
         self.sampling = None  # the run's sampling settings (RunSampling), as last announced
-        self.last_fetch: FetchResult | None = None
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
-        self.busy_waits = 0  # times every holder was busy
         self.stop = threading.Event()
         self._failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
@@ -182,7 +176,6 @@ class VersionFollower:
                     try:
                         fetched = self._fetch(ann, unreachable)
                     except HolderBusy as exc:  # the version is spreading: ask again soon, no failure
-                        self.busy_waits += 1
                         busy_in_a_row += 1
                         self.last_error = str(exc)
                         backoff = min(BUSY_RETRY_MAX_S, self.rng.uniform(*BUSY_RETRY_S) * 2 ** min(busy_in_a_row - 1, 8))
@@ -203,7 +196,7 @@ class VersionFollower:
             self.stop.wait(self.poll_s)
 
     def _fetched(self, fetched: FetchResult) -> None:
-        self._failures, self.last_error, self.last_fetch = 0, None, fetched
+        self._failures, self.last_error = 0, None
         ready = time.time() + self.delay.draw(self.rng)
         with self.store.lock:
             for v in self.store.states:

@@ -417,15 +417,20 @@ class GrpcFabric:
         address; listening on every interface, the address the registry sees it call from (its NAT's
         public address behind one), or this machine's outbound address when that is loopback (a
         registry on the same machine says nothing about what others can dial)."""
-        from swarm.config import split_host_port
-        from swarm.fabric.addresses import host_port, interface_addresses, is_wildcard, outbound_address, usable_ip
-
         import grpc
+
+        from swarm.fabric.addresses import (
+            announced_address,
+            host_port,
+            interface_addresses,
+            is_wildcard,
+            outbound_address,
+            usable_ip,
+        )
 
         port = self.server.port
         if announce_addr:
-            announced_host, announced_port = split_host_port(announce_addr)
-            return host_port(announced_host, announced_port or port)
+            return announced_address(announce_addr, port)
         if not is_wildcard(host):
             return host_port(host, port)
         try:

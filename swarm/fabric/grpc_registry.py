@@ -323,16 +323,12 @@ class GrpcBootstrap:
     transport = "grpc"
 
     def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
-        from swarm.config import split_host_port
-        from swarm.fabric.addresses import host_port
+        from swarm.fabric.addresses import announced_address
 
         self.run_id, self.host = run_id, host
         self.registry = Registry()
         self._server, self.port = serve_registry(self.registry, host, port)
-        self.announced = None
-        if announce_addr:
-            announced_host, announced_port = split_host_port(announce_addr)
-            self.announced = host_port(announced_host, announced_port or self.port)
+        self.announced = announced_address(announce_addr, self.port) if announce_addr else None
 
     @property
     def peer_id(self) -> str:

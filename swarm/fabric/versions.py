@@ -45,6 +45,7 @@ class OversizedPayload(CorruptVersion):
 
 
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
+WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
 
 
@@ -60,7 +61,6 @@ def check_payload_count(count, have: int | None, want: int, holder) -> int:
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= most:
         raise CorruptVersion(f"holder {holder} announced {count!r} payloads for {have} -> {want} (1..{most})")
     return count
-WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 
 
 def payload_limit(state: Mapping[str, torch.Tensor] | None) -> int:
@@ -103,6 +103,11 @@ class FetchResult:
     kinds: list[str]  # "snapshot" or "delta", per payload
     seconds: float
     relayed: bool = False  # from a peer other than the learner that announced it
+
+    def event_fields(self) -> dict:
+        """The fields of a `version_fetched` record in a peer's events.jsonl."""
+        return {"version": self.version, "holder": self.holder, "bytes": self.bytes, "kinds": self.kinds,
+                "seconds": round(self.seconds, 4), "relayed": self.relayed}
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
@@ -212,9 +217,6 @@ class HolderBusy(KeyError):
     """A holder refused a transfer because all its upload slots are taken: ask another (no blame)."""
 
 
-BUSY = "busy"  # the reason a holder gives when every upload slot is taken
-
-
 class UploadSlots:
     """How many weight transfers a peer serves at once: a learner's upload budget, a relay's share.
     None: no limit. A request over the limit is answered busy at once (the requester asks another
@@ -237,7 +239,7 @@ class UploadSlots:
             self.active -= 1
 
     def busy_reply(self) -> dict:
-        return {"ok": False, "busy": True, "reason": f"{BUSY}: serving {self.limit} transfers, its upload limit", "count": 0}
+        return {"ok": False, "busy": True, "reason": f"busy: serving {self.limit} transfers, its upload limit", "count": 0}
 
 
 class WeightServer:
@@ -253,9 +255,12 @@ class WeightServer:
         from hivemind.p2p import P2P
 
         try:
+            async def refuse(reason: str) -> None:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason[:200], "count": 0}), writer)
+
             size = int.from_bytes(await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), 30), P2P.BYTEORDER)
             if size > WEIGHT_REQUEST_LIMIT:
-                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"a weight request of {size} bytes", "count": 0}), writer)
+                await refuse(f"a weight request of {size} bytes")
                 return
             try:  # whatever a requester sends, it gets an answer, never an exception in this handler
                 request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
@@ -265,7 +270,7 @@ class WeightServer:
             except (asyncio.IncompleteReadError, asyncio.TimeoutError):
                 raise
             except Exception as exc:  # noqa: BLE001  garbage, a map without `get`
-                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
+                await refuse(f"{type(exc).__name__}: {exc}")
                 return
             # the slot first: a request that is refused costs no encoding
             if not self.slots.take():
@@ -275,7 +280,7 @@ class WeightServer:
                 try:
                     payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
                 except (KeyError, TypeError, ValueError) as exc:  # a version not held
-                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:200], "count": 0}), writer)
+                    await refuse(f"{type(exc).__name__}: {exc}")
                     return
                 await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
                 for payload in payloads:
