@@ -65,7 +65,7 @@ def learner(args) -> None:
             with store.lock:
                 version = store.latest
                 digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
-            fabric.announce(version, digest, recent=recent)
+            fabric.announce(version, digest, recent=recent, chunks=store.chunk_specs(version) if args.chunked else ())
             fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
 
     store.add(0, staged[0])
@@ -82,7 +82,8 @@ def learner(args) -> None:
                 announced.append(version)
                 write_json_atomic(out / f"announced{version}.json", {"time": time.time()})
                 pulse.poke()
-        write_json_atomic(out / "served.json", {"served": server.served, "busy": server.slots.refused})
+        write_json_atomic(out / "served.json", {"served": server.served, "busy": server.slots.refused,
+                                                "bytes": server.bytes_served})
     pulse.close()
     server.close()
     fabric.shutdown()
@@ -99,7 +100,7 @@ def receiver(args) -> None:
     def beat() -> None:
         with store.lock:
             holds = tuple(store.states)
-        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds))
+        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=not args.no_relay))
 
     pulse = Pulse(beat, 1.0)
 
@@ -109,7 +110,7 @@ def receiver(args) -> None:
 
     follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),
                                random.Random(fabric.peer_id), echo=print, on_fetch=fetched, relay=not args.no_relay,
-                               poll_s=0.25)
+                               chunked=args.chunked, poll_s=0.25)
     write_json_atomic(Path(args.dir) / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id})
     stop.wait()
     follower.close()
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2, help="upload slots (0: no limit)")
     parser.add_argument("--key", default="")
     parser.add_argument("--no-relay", action="store_true")
+    parser.add_argument("--chunked", action="store_true", help="announce (learner) and fetch (receiver) in chunks")
     args = parser.parse_args()
     learner(args) if args.role == "learner" else receiver(args)
 

@@ -40,7 +40,8 @@ from benchmarks.wan_swarm import WanSwarm, records, wait_for
 
 RATE_MBIT = 100
 RECEIVERS = (1, 2, 4, 8)
-STRATEGIES = {"star": {"slots": 0, "relay": False}, "relay": {"slots": 2, "relay": True}}
+STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
+              "chunked": {"slots": 2, "relay": True, "chunked": True}}
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
 
 
@@ -65,17 +66,20 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             learner_dir = swarm.root / "learner"
             swarm.spawn(wan.host("learner", rate_mbit=RATE_MBIT), "learner",
                         ["learner", "--transport", transport, "--peers", addr, "--dir", str(learner_dir),
-                         "--megabytes", str(megabytes), "--slots", str(options["slots"])], program=PEER)
+                         "--megabytes", str(megabytes), "--slots", str(options["slots"]),
+                         *(["--chunked"] if options["chunked"] else [])], program=PEER)
             wait_for(lambda: (learner_dir / "ready.json").exists(), 300, "the learner holding its versions", swarm)
             key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
             dirs = [swarm.root / f"r{i}" for i in range(receivers)]
             for i, d in enumerate(dirs):
                 swarm.spawn(wan.host(f"r{i}", rate_mbit=RATE_MBIT), f"r{i}",
                             ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
-                             "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"])], program=PEER)
+                             "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"]),
+                             *(["--chunked"] if options["chunked"] else [])], program=PEER)
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            uploaded = 0.0
             for version, name in ((0, "snapshot"), (1, "delta")):
                 psutil.cpu_percent()
                 (learner_dir / f"go{version}").touch()
@@ -85,10 +89,13 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                          swarm, poll_s=0.2)
                 row[f"{name}_s"] = max(arrival_times(dirs, version, at))
                 row[f"{name}_cpu_percent"] = psutil.cpu_percent()
-                served = json.loads((learner_dir / "served.json").read_text())["served"]
-                row[f"{name}_learner_uploads"] = served - row.get("snapshot_learner_uploads", 0)
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
                 row[f"{name}_mb"] = max(e["bytes"] for e in fetches) / 1e6
+                time.sleep(1.5)  # the learner writes served.json every 50 ms; a chunk may still be on its way
+                served = json.loads((learner_dir / "served.json").read_text())["bytes"] / 1e6
+                # copies of the payload the learner uploaded: its bytes served over the payload's size
+                row[f"{name}_learner_copies"] = (served - uploaded) / row[f"{name}_mb"]
+                uploaded = served
         finally:
             swarm.stop_all()
     return row
@@ -102,7 +109,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, name in zip(axes, ("snapshot", "delta")):
-        for strategy in STRATEGIES:
+        for strategy in dict.fromkeys(r["strategy"] for r in rows):
             pts = [(r["receivers"], r[f"{name}_s"]) for r in rows if r["strategy"] == strategy]
             ax.plot(*zip(*pts), marker="o", label=strategy)
         one = min(r[f"{name}_s"] for r in rows if r["receivers"] == 1)
@@ -122,14 +129,15 @@ def run() -> dict:
         return {}
     megabytes = float(os.environ.get("GEPO_FANOUT_MB", 50))
     transport = os.environ.get("GEPO_FANOUT_TRANSPORT", "hivemind")
+    strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", ",".join(STRATEGIES)).split(",")
     rows = []
     with TemporaryDirectory() as tmp:
-        for strategy in STRATEGIES:
+        for strategy in strategies:
             for n in RECEIVERS:
                 started = time.time()
                 rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp)))
                 print(f"  {strategy} x{n}: snapshot {rows[-1]['snapshot_s']:.1f}s, delta {rows[-1]['delta_s']:.2f}s "
-                      f"(learner uploads {rows[-1]['snapshot_learner_uploads']}/{rows[-1]['delta_learner_uploads']}; "
+                      f"(learner copies {rows[-1]['snapshot_learner_copies']:.1f}/{rows[-1]['delta_learner_copies']:.1f}; "
                       f"{time.time() - started:.0f}s)", flush=True)
     for r in rows:
         one = next(x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1)
@@ -138,11 +146,11 @@ def run() -> dict:
     figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
           f"Seconds from the learner's announcement to the last sampler holding the verified version; "
-          f"learner uploads: copies it served. Plot: fanout_wan.png.\n\n" + markdown_table(
+          f"learner copies: bytes it uploaded over the payload's size. Plot: fanout_wan.png.\n\n" + markdown_table(
               ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "learner copies", "delta MB", "delta s",
                "x one", "learner copies", "CPU % (snapshot)"],
               [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"],
-                r["snapshot_learner_uploads"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_learner_uploads"],
+                r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_learner_copies"],
                 r["snapshot_cpu_percent"]] for r in rows]))
     write_result("fanout_wan", figures, md)
     return figures

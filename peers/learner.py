@@ -148,7 +148,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         with store.lock:
             version = store.latest
             digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
-        fabric.announce(version, digest, sampling, recent)
+        fabric.announce(version, digest, sampling, recent, store.chunk_specs(version))
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds))
 

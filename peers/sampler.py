@@ -103,7 +103,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
         with store.lock:  # a peer nobody can dial offers nothing to relay: every try would fail
             holds = tuple(store.states) if fabric.dialable else ()
         fabric.heartbeat(Heartbeat(role="sampler", model=config.model, version=status["version"], rollouts=status["sent"],
-                                   tokens_per_s=status["tokens_per_s"], holds=holds,
+                                   tokens_per_s=status["tokens_per_s"], holds=holds, relay=fabric.dialable,
                                    **({"fetch_version": last.version, "fetch_from": last.holder, "fetch_bytes": last.bytes,
                                        "fetch_s": round(last.seconds, 4)} if last else {})))
 

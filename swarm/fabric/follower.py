@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
+from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.versions import Announced, FetchResult, HolderBusy, VersionStore
 from swarm.fabric.weight_delta import CorruptVersion
 
@@ -106,9 +107,10 @@ class VersionFollower:
 
     def __init__(self, fabric, store: VersionStore, learner_keys: list[bytes], delay, rng: random.Random, *,
                  echo: Callable[[str], None], on_fetch: Callable[[FetchResult], None] | None = None,
-                 poll_s: float = 1.0, max_payload_bytes: int | None = None, relay: bool = True) -> None:
+                 poll_s: float = 1.0, max_payload_bytes: int | None = None, relay: bool = True,
+                 chunked: bool = True) -> None:
         self.fabric, self.store, self.keys, self.delay, self.rng, self.echo = fabric, store, learner_keys, delay, rng, echo
-        self.on_fetch, self.poll_s, self.relay = on_fetch, poll_s, relay
+        self.on_fetch, self.poll_s, self.relay, self.chunked = on_fetch, poll_s, relay, chunked and relay
         self.client = fabric.weight_client(**({"max_payload_bytes": max_payload_bytes} if max_payload_bytes else {}))
         self.ready_at: dict[int, float] = {}
         self.newest: int | None = None  # newest version announced
@@ -147,6 +149,9 @@ class VersionFollower:
         holds and that is newer than what this peer has: while the newest spreads, a sampler moves
         on from relays instead of waiting in line at the learner."""
         members = self._members()
+        chunked = self._fetch_chunked(ann, members, unreachable) if self.chunked else None
+        if chunked is not None:
+            return chunked
         holders = holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
         try:
             return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable,
@@ -160,6 +165,40 @@ class VersionFollower:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
                                               on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
             raise
+
+    def _fetch_chunked(self, ann: Announced, members: list, unreachable) -> FetchResult | None:
+        """The announced version in chunks, shared out with the peers fetching it too
+        (ChunkedFetch), when this peer holds the version before it (it takes the delta) or none
+        (the snapshot) and the learner announced that payload chunked. None when it does not apply
+        or fails: the caller fetches the version whole."""
+        latest = self.store.latest
+        kind = "snapshot" if latest is None else "delta" if latest == ann.version - 1 else None
+        spec = ann.chunks.get(kind) if kind else None
+        if spec is None or spec.size > self.client.max_payload_bytes:
+            return None
+        me = self.fabric.peer_id
+        relays = sorted({m.record.peer_id for m in members if ann.version in m.record.holds
+                         and m.record.peer_id not in (me, ann.peer_id) and not self._is_shunned(m.record.peer_id)})
+        sharers = [p for p in sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
+                   if p == me or not self._is_shunned(p)]
+        started = time.time()
+        fetch = ChunkedFetch(self.client, self.store.book, spec, ChunkSources(relays + [ann.peer_id], sharers), me,
+                             unreachable=unreachable, on_corrupt=self._shun, on_unreachable=self._unreachable, rng=self.rng)
+        try:
+            partial = fetch.run()
+        except ChunkedFetchFailed as exc:
+            logger.info("version %d in chunks failed (%s); fetching it whole", ann.version, exc)
+            return None
+        try:
+            result = self.client.rebuild(max(fetch.received, key=fetch.received.get), latest if kind == "delta" else None,
+                                         [partial.payload()], ann.version, ann.hash, self.store, ann.recent, started)
+        except CorruptVersion as exc:  # chunks that match the signed root, and still not the version
+            logger.warning("version %d assembled from chunks does not verify (%s); fetching it whole", ann.version, exc)
+            return None
+        finally:
+            self.store.book.end(partial)
+        result.sources = dict(fetch.received)
+        return result
 
     def _run(self) -> None:
         unreachable = self.fabric.unreachable_errors()
@@ -188,7 +227,7 @@ class VersionFollower:
                             self.echo(f"could not fetch version {ann.version} ({self.last_error}); retrying")
                     else:
                         busy_in_a_row = 0
-                        fetched.relayed = fetched.holder != ann.peer_id
+                        fetched.relayed = any(peer != ann.peer_id for peer in fetched.sources or [fetched.holder])
                         self._fetched(fetched)
                         if fetched.version < ann.version:
                             self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))  # the newest is still spreading

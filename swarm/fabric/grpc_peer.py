@@ -41,6 +41,7 @@ from swarm.fabric.grpc_common import (
     verify_owner_signature,
 )
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
+from swarm.fabric.chunks import ChunkSpec, chunk_answer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
 from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
@@ -288,11 +289,14 @@ class GrpcWeightServer:
     """Serves the versions in `store`: a header (the size of each payload), then chunks."""
 
     def __init__(self, server: GrpcPeerServer, store, *, slots: int | None = None) -> None:
-        self.store, self.served, self._server = store, 0, server
+        self.store, self.served, self.bytes_served, self._server = store, 0, 0, server
         self.slots = UploadSlots(slots)
         server.weight_handler = self._handle
 
     def _handle(self, request: dict):
+        if "op" in request:  # a manifest or a chunk
+            yield from self._chunk(request)
+            return
         have, want = request.get("have"), request.get("want")
         if not _is_int(want):
             yield pack({"ok": False, "reason": f"want must be a version number, not {type(want).__name__}"})
@@ -308,11 +312,29 @@ class GrpcWeightServer:
                 return
             yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
             for payload in payloads:
-                for start in range(0, len(payload), CHUNK_BYTES):
-                    yield payload[start : start + CHUNK_BYTES]
+                yield from self._pieces(payload)
             self.served += 1
         finally:
             self.slots.release()
+
+    def _chunk(self, request: dict):
+        header, data = chunk_answer(self.store.book, self.slots, request)
+        if data is None:
+            yield pack(header)
+            return
+        try:
+            yield pack(header)
+            yield from self._pieces(data)
+        finally:
+            self.slots.release()
+
+    def _pieces(self, payload: bytes):
+        """A payload in messages of at most CHUNK_BYTES, counted as they go (a receiver that has
+        all it wants closes the call before this generator runs on)."""
+        for start in range(0, len(payload), CHUNK_BYTES):
+            piece = payload[start : start + CHUNK_BYTES]
+            self.bytes_served += len(piece)
+            yield piece
 
     def close(self) -> None:
         self._server.weight_handler = None
@@ -332,16 +354,23 @@ class GrpcWeightClient(RebuildingClient):
         self._channels, self._signer, self.timeout_s, self.max_payload_bytes = channels, signer, timeout_s, max_payload_bytes
 
     def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
-        body = pack({"have": have, "want": want})
+        return self._call(holder, {"have": have, "want": want}, have, want, self.timeout_s)
+
+    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
+        return self._call(holder, request, None, request["version"], timeout, single=size)[0]
+
+    def _call(self, holder: str, request: dict, have: int | None, want: int, timeout: float,
+              single: int | None = None) -> list[bytes]:
+        body = pack(request)
         call = self._channels.get(holder).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
-        messages = call(iter([body]), timeout=self.timeout_s, metadata=self._signer.metadata(WEIGHTS, body))
+        messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))
         try:
-            sizes = self._sizes(holder, have, want, next(messages, None))
+            sizes = self._sizes(holder, have, want, next(messages, None), single)
             return [self._payload(holder, messages, size) for size in sizes]
         finally:
             messages.cancel()  # a refused transfer stops the holder's sending as well
 
-    def _sizes(self, holder: str, have: int | None, want: int, first: bytes | None) -> list[int]:
+    def _sizes(self, holder: str, have: int | None, want: int, first: bytes | None, single: int | None = None) -> list[int]:
         if first is None:
             raise CorruptVersion(f"holder {holder} sent no header")
         if len(first) > HEADER_LIMIT:
@@ -355,7 +384,8 @@ class GrpcWeightClient(RebuildingClient):
         refuse_unless_ok(header, holder, want)
         sizes = header.get("sizes")
         check_payload_count(len(sizes) if isinstance(sizes, list) else None, have, want, holder)
-        return [check_payload_size(size, holder, self.max_payload_bytes) for size in sizes]  # all, before reading any
+        limit = self.max_payload_bytes if single is None else single
+        return [check_payload_size(size, holder, limit) for size in sizes]  # all, before reading any
 
     def _payload(self, holder: str, messages, size: int) -> bytes:
         parts, got = [], 0
@@ -514,11 +544,11 @@ class GrpcFabric:
         return members_from(listed)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
         from swarm.fabric.records import VersionAnnouncement
 
         payload = pack(VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling,
-                                                recent).dict())
+                                                recent, chunks).dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.records import Heartbeat, RunSampling
 
 
@@ -66,10 +67,10 @@ class HivemindFabric:
         return list_members(self.dht, self.run_id)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
         from swarm.fabric.versions import announce
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent)
+        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks)
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
         from swarm.fabric.versions import latest_announced

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.records import Heartbeat, Member, RunSampling
 from swarm.fabric.versions import Announced, FetchResult, VersionStore
 from swarm.rollouts import RolloutGroup
@@ -96,9 +97,10 @@ class Fabric(Protocol):
         """Current, unexpired members of the run, sorted by role and peer id."""
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}) -> bool:  # noqa: B006
-        """Announce a published version, the run's sampling settings and the hashes of the versions
-        just before it (`recent`, version -> hash), under this peer's signing key."""
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
+        """Announce a published version, the run's sampling settings, the hashes of the versions
+        just before it (`recent`, version -> hash) and how its payloads are chunked (`chunks`:
+        VersionStore.chunk_specs), under this peer's signing key."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

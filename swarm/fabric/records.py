@@ -9,12 +9,13 @@ heartbeats ahead, so a peer that vanishes disappears from listings on its own.
 
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
-from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist, constr
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, conlist, constr
 
 from swarm import __version__
 from swarm.config import GenerationSettings, SwarmSettings, default_of
+from swarm.fabric.chunks import KINDS, TOKEN_PATTERN, ChunkSpec
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -40,6 +41,9 @@ class MemberRecord(BaseModel):
     fetch_from: constr(max_length=128, strict=True) = ""
     fetch_bytes: conint(ge=0, strict=True) = 0
     fetch_s: confloat(ge=0, strict=True) = 0.0
+    # whether it passes on the chunks of versions it is receiving (a dialable sampler): peers
+    # fetching the same payload share its chunks out among such relays (swarm.fabric.chunked_fetch)
+    relay: StrictBool = False
 
 
 @dataclass(frozen=True)
@@ -73,18 +77,35 @@ class VersionAnnouncement(BaseModel):
     # the hashes of the versions just before this one ("VERSION:HASH"), so that a sampler can take
     # one of those from a relay, verified, while the newest is still spreading
     recent: conlist(constr(regex=r"^[0-9]{1,12}:[0-9a-f]{64}$", strict=True), max_items=MAX_HOLDS_LISTED) = []
+    # how this version's payloads are chunked (swarm.fabric.chunks): the root of each one's chunk
+    # digests, so that any peer may pass on verified chunks of it ("KIND:VERSION:SIZE:CHUNK:ROOT")
+    chunks: conlist(constr(regex=TOKEN_PATTERN, strict=True), max_items=len(KINDS)) = []
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
-           recent: Mapping[int, str] = {}) -> "VersionAnnouncement":  # noqa: B006  (read only)
+           recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> "VersionAnnouncement":  # noqa: B006
         return cls(run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
                    max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
-                   recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version])
+                   recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version],
+                   chunks=[spec.token for spec in chunks if spec.version == version][:len(KINDS)])
 
     @property
     def recent_hashes(self) -> dict[int, str]:
         return {int(v): h for v, _, h in (item.partition(":") for item in self.recent)}
+
+    @property
+    def chunk_specs(self) -> dict[str, ChunkSpec]:
+        """kind -> spec of this version's chunked payloads (malformed or out-of-bounds ones dropped)."""
+        specs = {}
+        for token in self.chunks:
+            try:
+                spec = ChunkSpec.parse(token)
+            except ValueError:
+                continue
+            if spec.version == self.version:
+                specs.setdefault(spec.kind, spec)
+        return specs
 
     @property
     def sampling(self) -> RunSampling:
@@ -126,10 +147,11 @@ class Heartbeat:
     fetch_from: str = ""
     fetch_bytes: int = 0
     fetch_s: float = 0.0
+    relay: bool = False  # passes on chunks of the versions it receives
 
     def record(self, peer_id: str, now: float) -> "MemberRecord":
         fields = asdict(self)
-        fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts),
+        fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts), relay=bool(self.relay),
                       tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
                       fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],
                       fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s))

@@ -16,12 +16,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import msgpack
 import torch
 
+from swarm.fabric.chunks import KINDS, MAX_WAITERS, ChunkBook, ChunkSpec, answer_limit, chunk_answer, chunk_request
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import RunSampling, VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import (
@@ -91,6 +93,7 @@ class Announced:
     peer_id: str
     sampling: RunSampling = RunSampling()
     recent: dict[int, str] = field(default_factory=dict)  # signed hashes of the versions just before it
+    chunks: dict[str, ChunkSpec] = field(default_factory=dict)  # kind -> how its payloads are chunked
 
 
 @dataclass
@@ -103,19 +106,25 @@ class FetchResult:
     kinds: list[str]  # "snapshot" or "delta", per payload
     seconds: float
     relayed: bool = False  # from a peer other than the learner that announced it
+    sources: dict[str, int] = field(default_factory=dict)  # in chunks: bytes per peer that sent some
 
     def event_fields(self) -> dict:
         """The fields of a `version_fetched` record in a peer's events.jsonl."""
-        return {"version": self.version, "holder": self.holder, "bytes": self.bytes, "kinds": self.kinds,
-                "seconds": round(self.seconds, 4), "relayed": self.relayed}
+        fields = {"version": self.version, "holder": self.holder, "bytes": self.bytes, "kinds": self.kinds,
+                  "seconds": round(self.seconds, 4), "relayed": self.relayed}
+        if self.sources:
+            fields["sources"] = dict(self.sources)
+        return fields
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
-             recent: Mapping[int, str] = {}, *, expiry_s: float = 60.0) -> bool:  # noqa: B006
+             recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (), *,  # noqa: B006
+             expiry_s: float = 60.0) -> bool:
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
-    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent).dict()
+    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent,
+                                   chunks).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
@@ -144,7 +153,7 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
             logger.debug("ignoring an announcement of run %r", ann.run_id)
             continue
         if best is None or ann.version > best.version:
-            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling, ann.recent_hashes)
+            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling, ann.recent_hashes, ann.chunk_specs)
     return best
 
 
@@ -159,6 +168,7 @@ class VersionStore:
         self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
         self.hashes: dict[int, str] = {}
         self._snapshot: tuple[int, bytes] | None = None  # the last snapshot encoded: new peers ask for the same one
+        self.book = ChunkBook(self.payload)  # what this peer serves in chunks (and receives, while it does)
 
     @property
     def latest(self) -> int | None:
@@ -200,12 +210,28 @@ class VersionStore:
                 chain = [self.deltas[v] for v in range(have + 1, want + 1)]
                 if sum(map(len, chain)) < snapshot_bytes(state):
                     return chain
-            cached = self._snapshot
-        if cached is not None and cached[0] == want:
-            return [cached[1]]
-        snapshot = encode_snapshot(state, want)
-        self._snapshot = (want, snapshot)
-        return [snapshot]
+        return [self._snapshot_of(want, state)]
+
+    def _snapshot_of(self, version: int, state: Mapping[str, torch.Tensor]) -> bytes:
+        cached = self._snapshot
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        snapshot = encode_snapshot(state, version)
+        self._snapshot = (version, snapshot)
+        return snapshot
+
+    def payload(self, kind: str, version: int) -> bytes | None:
+        """The delta to `version` or its snapshot, as held here (None: not held)."""
+        with self.lock:
+            if kind == "delta":
+                return self.deltas.get(version)
+            state = self.states.get(version)
+        return None if state is None else self._snapshot_of(version, state)
+
+    def chunk_specs(self, version: int) -> list[ChunkSpec]:
+        """The chunk specs of the delta to `version` (when held) and of its snapshot: what a
+        learner announces (hashed once per payload: ChunkBook caches them)."""
+        return [spec for spec in (self.book.spec(kind, version) for kind in KINDS) if spec is not None]
 
 
 def snapshot_bytes(state: Mapping[str, torch.Tensor]) -> int:
@@ -224,19 +250,26 @@ class UploadSlots:
 
     def __init__(self, limit: int | None) -> None:
         self.limit, self.active, self.refused = limit, 0, 0
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
 
-    def take(self) -> bool:
-        with self._lock:
-            if self.limit is not None and self.active >= self.limit:
-                self.refused += 1
-                return False
+    def take(self, wait_s: float = 0.0) -> bool:
+        """A slot, waiting up to `wait_s` for one (a chunk takes a fraction of a second: queueing
+        for it costs less than a busy reply and a retry)."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self.limit is not None and self.active >= self.limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.refused += 1
+                    return False
+                self._cond.wait(left)
             self.active += 1
             return True
 
     def release(self) -> None:
-        with self._lock:
+        with self._cond:
             self.active -= 1
+            self._cond.notify()
 
     def busy_reply(self) -> dict:
         return {"ok": False, "busy": True, "reason": f"busy: serving {self.limit} transfers, its upload limit", "count": 0}
@@ -247,8 +280,11 @@ class WeightServer:
 
     def __init__(self, dht, run_id: str, store: VersionStore, *, slots: int | None = None) -> None:
         self.store = store
-        self.served = 0
+        self.served = self.bytes_served = 0
         self.slots = UploadSlots(slots)
+        # chunk requests wait (for a chunk still on its way, for a slot) on threads of their own,
+        # never on the event loop that serves every stream
+        self._waits = ThreadPoolExecutor(MAX_WAITERS + 4, thread_name_prefix="chunk-wait")
         self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -264,6 +300,9 @@ class WeightServer:
                 return
             try:  # whatever a requester sends, it gets an answer, never an exception in this handler
                 request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
+                if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
+                    await self._chunk(request, writer)
+                    return
                 have, want = request.get("have"), request.get("want")
                 if not isinstance(want, int) or isinstance(want, bool):
                     raise ValueError(f"want must be a version number, not {want!r}")
@@ -286,6 +325,7 @@ class WeightServer:
                 for payload in payloads:
                     # a receiver that stops reading would otherwise hold this upload slot for good
                     await asyncio.wait_for(P2P.send_raw_data(payload, writer), send_deadline(len(payload)))
+                    self.bytes_served += len(payload)
                 self.served += 1
             finally:
                 self.slots.release()
@@ -296,8 +336,24 @@ class WeightServer:
         finally:
             writer.close()
 
+    async def _chunk(self, request: dict, writer) -> None:
+        from hivemind.p2p import P2P
+
+        header, data = await asyncio.get_running_loop().run_in_executor(self._waits, chunk_answer, self.store.book,
+                                                                         self.slots, request)
+        if data is None:
+            await P2P.send_raw_data(msgpack.packb(header), writer)
+            return
+        try:
+            await P2P.send_raw_data(msgpack.packb(header), writer)
+            await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
+            self.bytes_served += len(data)
+        finally:
+            self.slots.release()
+
     def close(self) -> None:
         self._host.close()
+        self._waits.shutdown(wait=False, cancel_futures=True)
 
 
 def refuse_unless_ok(header: dict, holder, want: int) -> None:
@@ -317,6 +373,20 @@ class RebuildingClient:
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
+
+    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
+        """One answer of at most `size` bytes to `request` (a manifest or chunk request)."""
+        raise NotImplementedError
+
+    def piece(self, holder, spec: ChunkSpec, index: int | None, wait_s: float = 0.0) -> bytes:
+        """The manifest (index None) or chunk `index` of `spec`'s payload from `holder`, of exactly
+        the size it must have and not verified yet (the caller checks it against the spec).
+        KeyError: not held there; HolderBusy: no upload slot; CorruptVersion: a malformed answer."""
+        size = answer_limit(spec, index)
+        data = self._single(holder, chunk_request(spec, index, wait_s), size, wait_s + send_deadline(size))
+        if len(data) != size:
+            raise CorruptVersion(f"holder {holder} sent {len(data)} bytes where {size} were due")
+        return data
 
     def fetch(self, holder, want: int, want_hash: str, store: VersionStore,
               known: Mapping[int, str] | None = None) -> FetchResult:
@@ -340,8 +410,14 @@ class RebuildingClient:
         started = time.time()
         with store.lock:
             have = store.latest if deltas and store.latest is not None and store.latest < want else None
+        return self.rebuild(holder, have, self._payloads(holder, have, want), want, want_hash, store, known, started)
+
+    def rebuild(self, holder, have: int | None, payloads: list[bytes], want: int, want_hash: str, store: VersionStore,
+                known: Mapping[int, str], started: float) -> FetchResult:
+        """Apply `payloads` (have -> want) to what `store` holds, verify and keep the result
+        (`fetch`; also for payloads assembled from chunks)."""
+        with store.lock:
             base = store.states[have] if have is not None else None
-        payloads = self._payloads(holder, have, want)
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
@@ -378,9 +454,14 @@ class WeightClient(RebuildingClient):
         self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
-        return self._client.run(self._request(holder, have, want), timeout=self.timeout_s)
+        return self._client.run(self._request(holder, {"have": have, "want": want}, have, want), timeout=self.timeout_s)
 
-    async def _request(self, peer_id, have: int | None, want: int) -> list[bytes]:
+    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
+        return self._client.run(self._request(holder, request, None, request["version"], size), timeout=timeout)[0]
+
+    async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None) -> list[bytes]:
+        """The payloads a holder sends for `request`: have -> want's, or (`single`) one answer of
+        at most that many bytes."""
         from hivemind.p2p import P2P
 
         async def receive(limit: int) -> bytes:
@@ -390,7 +471,7 @@ class WeightClient(RebuildingClient):
 
         reader, writer = await self._client.open(peer_id)
         try:
-            await P2P.send_raw_data(msgpack.packb({"have": have, "want": want}), writer)
+            await P2P.send_raw_data(msgpack.packb(request), writer)
             try:
                 header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
             except (ValueError, msgpack.UnpackException) as exc:
@@ -398,6 +479,9 @@ class WeightClient(RebuildingClient):
             if not isinstance(header, dict):
                 raise CorruptVersion(f"holder {peer_id} sent a malformed header")
             refuse_unless_ok(header, peer_id, want)
+            if single is not None:
+                check_payload_count(header.get("count"), None, want, peer_id)
+                return [await receive(single)]
             count = check_payload_count(header.get("count"), have, want, peer_id)
             return [await receive(self.max_payload_bytes) for _ in range(count)]
         finally:

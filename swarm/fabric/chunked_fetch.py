@@ -1,0 +1,212 @@
+"""One payload fetched in chunks from many peers at once, and passed on while it arrives.
+
+Peers that fetch the same payload at the same time share the work out, the scatter-then-gather
+scheme of pipelined broadcast: the payload's chunks are dealt round-robin among them (stripes).
+Each fetches its own stripe from peers that hold the whole payload (relays first, the learner
+last) and every other chunk from the peer whose stripe it is, which serves it as soon as it has it
+(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way). So the learner uploads
+about one copy however many peers fetch, each fetching peer uploads (n-1)/n of a copy, and a
+version reaches n peers in about one transfer time plus a chunk per hop: every downlink carries
+one copy, every uplink less than one.
+
+Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
+whose newest held version is the one before (they fetch the delta) or that hold none (the
+snapshot). Views differ by a heartbeat at most, so nothing depends on them being right: a chunk
+whose owner does not deliver within its wait, cannot be reached or is busy for too long is
+fetched from a whole holder instead, and one that does not verify is refetched from another peer
+while the sender is struck (`on_corrupt`: the follower shuns it as it does a holder of a corrupt
+version).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial
+from swarm.fabric.versions import HolderBusy, send_deadline
+from swarm.fabric.weight_delta import CorruptVersion
+
+logger = logging.getLogger(__name__)
+OWNER_WAIT_S = 8.0  # how long a stripe's owner may take to have a chunk (it fetches its stripe in order)
+OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the rest of the fetch
+WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default upload slots)
+SHARED_WORKERS = 4  # requests at once to other stripes' owners
+RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
+
+
+class ChunkedFetchFailed(RuntimeError):
+    """The payload could not be assembled (no holder left, or out of time); nothing was used."""
+
+
+@dataclass
+class ChunkSources:
+    whole: list[str]  # peers holding the whole payload, in the order to ask them (the learner last)
+    sharers: list[str]  # peers fetching it now, this one included when it relays: the stripes' owners
+
+
+def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool) -> list[str]:
+    """The peers that fetch `spec`'s payload now, by their records (sorted: every peer deals the
+    stripes out alike): relaying samplers one version behind (a delta), or holding none (a snapshot)."""
+    found = set()
+    for member in members:
+        record = member.record
+        if record.role != "sampler" or not record.relay or record.peer_id == me or spec.version in record.holds:
+            continue
+        newest = max(record.holds) if record.holds else None
+        if (newest == spec.version - 1) if spec.kind == "delta" else newest is None:
+            found.add(record.peer_id)
+    if me_relays:
+        found.add(me)
+    return sorted(found)
+
+
+class ChunkedFetch:
+    """Fetches `spec`'s payload into a Partial registered in `book` (served to others as it fills)."""
+
+    def __init__(self, client, book: ChunkBook, spec: ChunkSpec, sources: ChunkSources, me: str, *,
+                 unreachable: tuple[type[BaseException], ...], on_corrupt: Callable[[str, BaseException], None],
+                 on_unreachable: Callable[[str, BaseException], None] | None = None,
+                 rng: random.Random | None = None, deadline_s: float | None = None) -> None:
+        self.client, self.book, self.spec, self.me = client, book, spec, me
+        self.whole = list(sources.whole)
+        self.sharers = list(sources.sharers)
+        self.unreachable, self.on_corrupt, self.on_unreachable = unreachable, on_corrupt, on_unreachable
+        self.rng = rng or random.Random()
+        self.deadline = time.monotonic() + (deadline_s or send_deadline(spec.size) * 2)
+        self.received: Counter[str] = Counter()  # bytes of verified chunks, per sender
+        self._dead: set[str] = set()  # peers not asked again in this fetch
+        self._misses: Counter[str] = Counter()
+        self._cond = threading.Condition()
+        self._from_whole: deque[int] = deque()
+        self._from_owners: deque[int] = deque()
+        self._busy = 0  # workers in a request
+        self.partial: Partial | None = None
+
+    def owner(self, index: int) -> str | None:
+        return self.sharers[index % len(self.sharers)] if self.sharers else None
+
+    def run(self) -> Partial:
+        """The complete, verified payload (a Partial still served from `book`: call book.end(it)
+        once the version is in the store). Raises ChunkedFetchFailed."""
+        self.partial = partial = self.book.begin(self.spec, *self._manifest())
+        try:
+            for index in range(self.spec.count):
+                owner = self.owner(index)
+                (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
+            workers = [threading.Thread(target=self._work, args=(whole,), daemon=True, name="chunk-fetch")
+                       for whole in [True] * WHOLE_WORKERS + [False] * SHARED_WORKERS]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(max(0.0, self.deadline - time.monotonic()) + 5)
+            if not partial.complete:
+                raise ChunkedFetchFailed(f"{partial.missing} of {self.spec.count} chunks of {self.spec.kind} "
+                                         f"{self.spec.version} could not be fetched (whole holders left: {self._alive()})")
+            return partial
+        except BaseException:
+            self.book.end(partial)
+            raise
+
+    def _manifest(self) -> tuple[bytes, list[bytes]]:
+        """The manifest from the first whole holder (then sharer) that sends one matching the root."""
+        for peer in self.whole + [p for p in self.sharers if p != self.me]:
+            try:
+                manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
+                return manifest, self.spec.digests(manifest, peer)
+            except CorruptVersion as exc:
+                self._strike(peer, exc)
+            except (KeyError, HolderBusy) as exc:
+                logger.debug("no manifest of %s %d from %s: %s", self.spec.kind, self.spec.version, peer, exc)
+            except self.unreachable as exc:
+                self._gone(peer, exc)
+        raise ChunkedFetchFailed(f"no peer sent the manifest of {self.spec.kind} {self.spec.version}")
+
+    def _alive(self) -> list[str]:
+        return [p for p in self.whole if p not in self._dead]
+
+    def _next(self, whole: bool) -> int | None:
+        """The next chunk for a worker; None when there is nothing left for it to do."""
+        queue = self._from_whole if whole else self._from_owners
+        with self._cond:
+            while time.monotonic() < self.deadline and not self.partial.complete:
+                while queue and self.partial.have[queue[0]]:
+                    queue.popleft()
+                if queue:
+                    self._busy += 1
+                    return queue.popleft()
+                if not whole and not self._from_owners:
+                    return None  # the owners' chunks are all handed out; the whole holders' workers finish
+                if whole and not self._from_owners and self._busy == 0 and not self._from_whole:
+                    return None
+                if whole and not self._alive():
+                    return None
+                self._cond.wait(0.2)
+            return None
+
+    def _done(self, index: int, requeue: deque | None) -> None:
+        with self._cond:
+            self._busy -= 1
+            if requeue is not None and not self.partial.have[index]:
+                requeue.append(index)
+            self._cond.notify_all()
+
+    def _work(self, whole: bool) -> None:
+        while (index := self._next(whole)) is not None:
+            if whole:
+                ok = self._fetch_whole(index)
+                self._done(index, None if ok else self._from_whole)
+                if not ok:  # every whole holder busy (or failing): a moment for a slot to free
+                    time.sleep(self.rng.uniform(*RETRY_S))
+            else:
+                owner = self.owner(index)
+                ok = owner not in self._dead and self._try(owner, index, OWNER_WAIT_S) is True
+                self._done(index, None if ok else self._from_whole)  # not from its owner: from a whole holder
+
+    def _fetch_whole(self, index: int) -> bool:
+        relays = [p for p in self.whole[:-1] if p not in self._dead]
+        self.rng.shuffle(relays)  # in a random order each time: the load spreads
+        learner = [p for p in self.whole[-1:] if p not in self._dead]
+        return any(self._try(peer, index, 0.0) is True for peer in relays + learner)
+
+    def _try(self, peer: str, index: int, wait_s: float) -> bool | None:
+        """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed."""
+        try:
+            data = self.client.piece(peer, self.spec, index, wait_s)
+        except HolderBusy:
+            return None
+        except CorruptVersion as exc:
+            self._strike(peer, exc)
+            return False
+        except KeyError as exc:  # not held (yet): an owner that keeps missing is passed over
+            logger.debug("chunk %d of %s %d not at %s: %s", index, self.spec.kind, self.spec.version, peer, exc)
+            self._misses[peer] += 1
+            if peer not in self.whole and self._misses[peer] >= OWNER_MISSES or peer in self.whole:
+                self._dead.add(peer)
+            return False
+        except self.unreachable as exc:
+            self._gone(peer, exc)
+            return False
+        if not self.partial.put(index, data):
+            self._strike(peer, CorruptVersion(f"chunk {index} of {self.spec.kind} {self.spec.version} does not match "
+                                              "its digest"))
+            return False
+        self.received[peer] += len(data)
+        return True
+
+    def _strike(self, peer: str, exc: BaseException) -> None:
+        logger.warning("peer %s sent a chunk that does not verify: %s", peer, exc)
+        self._dead.add(peer)
+        self.on_corrupt(peer, exc)
+
+    def _gone(self, peer: str, exc: BaseException) -> None:
+        logger.info("peer %s could not serve chunks of %s %d: %s: %s", peer, self.spec.kind, self.spec.version,
+                    type(exc).__name__, exc)
+        self._dead.add(peer)
+        if self.on_unreachable is not None:
+            self.on_unreachable(peer, exc)

@@ -1,0 +1,300 @@
+"""Versions in verifiable chunks, so that a peer can pass a version on while it still receives it.
+
+A payload (the delta from version - 1, or a snapshot) is cut into chunks of `chunk_bytes`. Its
+manifest is the chunks' sha256 digests, concatenated; its root, a sha256 over the payload's size,
+the chunk size and the manifest, is carried in the learner's signed announcement (ChunkSpec.token).
+A receiver checks a manifest against the root and each chunk against the manifest as it arrives,
+so a chunk is as good as the learner's signature whoever sent it, and a peer serves every verified
+chunk it holds before it holds the whole payload (cut-through). The assembled payload is then
+applied and checked against the version's hash as before: a model never loads anything else.
+
+A holder answers from a complete payload it holds (its store's delta or snapshot of that version,
+served only when its own manifest has the root asked for: an honest relay whose encoding differs
+answers "not held" and earns no strike) or from a payload it is receiving (a `Partial`), waiting
+a few seconds for a chunk that has not arrived yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from swarm.fabric.weight_delta import MAX_PAYLOAD_BYTES, CorruptVersion
+
+KINDS = ("delta", "snapshot")
+DIGEST_BYTES = 32  # sha256
+DEFAULT_CHUNK_BYTES = 1 << 20  # 84 ms at 100 Mbit/s: a pipeline's cost per hop
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 22  # what a receiver accepts (4 MiB: gRPC's message bound)
+MAX_CHUNKS = 1 << 16  # a manifest of at most 2 MiB
+MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not have yet
+MAX_WAITERS = 8  # requests waiting at once; beyond that a missing chunk is answered "not held" at once
+_TOKEN = re.compile(r"^(delta|snapshot):([0-9]{1,13}):([0-9]{1,13}):([0-9]{1,8}):([0-9a-f]{64})$")
+TOKEN_PATTERN = _TOKEN.pattern
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """A payload as its publisher chunked it: kind, version, size, chunk size and manifest root."""
+
+    kind: str
+    version: int
+    size: int
+    chunk_bytes: int
+    root: str
+
+    @property
+    def count(self) -> int:
+        return -(-self.size // self.chunk_bytes)
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        start = index * self.chunk_bytes
+        return start, min(self.size, start + self.chunk_bytes)
+
+    @property
+    def token(self) -> str:
+        """The spec as one string of an announcement ("KIND:VERSION:SIZE:CHUNK:ROOT")."""
+        return f"{self.kind}:{self.version}:{self.size}:{self.chunk_bytes}:{self.root}"
+
+    @classmethod
+    def parse(cls, token: str, max_bytes: int = MAX_PAYLOAD_BYTES) -> "ChunkSpec":
+        """A spec from its token; ValueError when it is malformed or out of bounds."""
+        match = _TOKEN.match(token) if isinstance(token, str) else None
+        if match is None:
+            raise ValueError(f"malformed chunk spec {str(token)[:100]!r}")
+        kind, version, size, chunk, root = match.groups()
+        spec = cls(kind, int(version), int(size), int(chunk), root)
+        if not (1 <= spec.size <= max_bytes and MIN_CHUNK_BYTES <= spec.chunk_bytes <= MAX_CHUNK_BYTES
+                and spec.count <= MAX_CHUNKS):
+            raise ValueError(f"chunk spec out of bounds: {spec.size} bytes in chunks of {spec.chunk_bytes}")
+        return spec
+
+    def digests(self, manifest: bytes, holder) -> list[bytes]:
+        """The chunk digests of a manifest a holder sent, once it is checked against the root."""
+        if not isinstance(manifest, bytes) or len(manifest) != self.count * DIGEST_BYTES or \
+                root_of(self.size, self.chunk_bytes, manifest) != self.root:
+            raise CorruptVersion(f"holder {holder} sent a manifest of {self.kind} {self.version} that does not match "
+                                 "the announced root")
+        return [manifest[i:i + DIGEST_BYTES] for i in range(0, len(manifest), DIGEST_BYTES)]
+
+
+def root_of(size: int, chunk_bytes: int, manifest: bytes) -> str:
+    head = b"gepo-swarm chunks v1\0" + size.to_bytes(8, "little") + chunk_bytes.to_bytes(4, "little")
+    return hashlib.sha256(head + manifest).hexdigest()
+
+
+def manifest_of(payload: bytes, chunk_bytes: int) -> bytes:
+    view = memoryview(payload)
+    return b"".join(hashlib.sha256(view[s:s + chunk_bytes]).digest() for s in range(0, len(payload), chunk_bytes))
+
+
+def spec_of(kind: str, version: int, payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[ChunkSpec, bytes]:
+    """(spec, manifest) of a payload."""
+    manifest = manifest_of(payload, chunk_bytes)
+    return ChunkSpec(kind, version, len(payload), chunk_bytes, root_of(len(payload), chunk_bytes, manifest)), manifest
+
+
+class Partial:
+    """A payload being received: its verified chunks, which the weight server reads meanwhile."""
+
+    def __init__(self, spec: ChunkSpec, manifest: bytes, digests: list[bytes]) -> None:
+        self.spec, self.manifest, self.digests = spec, manifest, digests
+        self.buffer = bytearray(spec.size)
+        self.have = [False] * spec.count
+        self.missing = spec.count
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def put(self, index: int, data: bytes) -> bool:
+        """Keep chunk `index` if it is the one the manifest names; False (nothing kept) otherwise."""
+        start, end = self.spec.bounds(index)
+        if len(data) != end - start or hashlib.sha256(data).digest() != self.digests[index]:
+            return False
+        with self._cond:
+            if not self.have[index]:
+                self.buffer[start:end] = data
+                self.have[index] = True
+                self.missing -= 1
+                self._cond.notify_all()
+        return True
+
+    def get(self, index: int, wait_s: float = 0.0) -> bytes | None:
+        """Chunk `index` once it is here (waiting up to `wait_s`), else None."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not self.have[index]:
+                left = deadline - time.monotonic()
+                if self.closed or left <= 0:
+                    return None
+                self._cond.wait(left)
+            start, end = self.spec.bounds(index)
+            return bytes(self.buffer[start:end])
+
+    @property
+    def complete(self) -> bool:
+        return self.missing == 0
+
+    def payload(self) -> bytes:
+        if not self.complete:
+            raise RuntimeError(f"{self.missing} of {self.spec.count} chunks are still missing")
+        return bytes(self.buffer)
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class ChunkBook:
+    """What this peer can serve in chunks: complete payloads (`payload_of(kind, version)`, its
+    store's bytes, or None) and the payloads it is receiving (`begin` .. `end`)."""
+
+    def __init__(self, payload_of: Callable[[str, int], bytes | None], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        self._payload_of, self.chunk_bytes = payload_of, chunk_bytes
+        # (kind, version) -> (spec, manifest, the payload it was computed from): a payload encoded
+        # afresh is hashed afresh; few entries, as each keeps its payload alive
+        self._manifests: OrderedDict[tuple[str, int], tuple[ChunkSpec, bytes, bytes]] = OrderedDict()
+        self._partials: dict[tuple[str, int], Partial] = {}
+        self._cond = threading.Condition()
+        self._waiters = 0
+
+    def spec(self, kind: str, version: int) -> ChunkSpec | None:
+        """The spec of a complete payload held here (what a learner announces), or None."""
+        found = self._complete(kind, version, None)
+        return found[0] if found else None
+
+    def _complete(self, kind: str, version: int, root: str | None) -> tuple[ChunkSpec, bytes, bytes] | None:
+        payload = self._payload_of(kind, version)
+        if payload is None:
+            return None
+        key = (kind, version)
+        with self._cond:
+            found = self._manifests.get(key)
+        if found is None or found[2] is not payload:
+            spec, manifest = spec_of(kind, version, payload, self.chunk_bytes)
+            found = (spec, manifest, payload)
+            with self._cond:
+                self._manifests[key] = found
+                self._manifests.move_to_end(key)
+                while len(self._manifests) > 3:
+                    self._manifests.popitem(last=False)
+        return found if root is None or found[0].root == root else None
+
+    def begin(self, spec: ChunkSpec, manifest: bytes, digests: list[bytes]) -> Partial:
+        partial = Partial(spec, manifest, digests)
+        with self._cond:
+            old = self._partials.get((spec.kind, spec.version))
+            if old is not None:
+                old.close()
+            self._partials[(spec.kind, spec.version)] = partial
+            self._cond.notify_all()
+        return partial
+
+    def end(self, partial: Partial) -> None:
+        """Stop serving from `partial` (call it after a complete payload went into the store)."""
+        with self._cond:
+            if self._partials.get((partial.spec.kind, partial.spec.version)) is partial:
+                del self._partials[(partial.spec.kind, partial.spec.version)]
+        partial.close()
+
+    def receiving(self) -> list[ChunkSpec]:
+        with self._cond:
+            return [p.spec for p in self._partials.values()]
+
+    def lookup(self, kind: str, version: int, root: str, index: int | None, wait_s: float) -> bytes | None:
+        """The manifest (index None) or chunk `index` of the payload with `root`, from a complete
+        payload or a partial one; waiting up to `wait_s` (at most MAX_WAIT_S, and only while fewer
+        than MAX_WAITERS requests wait) for it to arrive. None: not held."""
+        with self._cond:
+            if self._waiters >= MAX_WAITERS:
+                wait_s = 0.0
+            self._waiters += 1
+        deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+        try:
+            while True:
+                found = self._complete(kind, version, root)
+                if found is not None:
+                    spec, manifest, payload = found
+                    if index is None:
+                        return manifest
+                    if index >= spec.count:
+                        return None
+                    start, end = spec.bounds(index)
+                    return payload[start:end]
+                with self._cond:
+                    partial = self._partials.get((kind, version))
+                    if partial is None or partial.spec.root != root:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return None
+                        self._cond.wait(min(left, 0.5))  # woken by `begin`; the store is looked at again
+                        continue
+                if index is None:
+                    return partial.manifest
+                if index >= partial.spec.count:
+                    return None
+                return partial.get(index, max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._cond:
+                self._waiters -= 1
+
+
+def parse_chunk_request(request: dict) -> tuple[str, int, str, int | None, float]:
+    """(kind, version, root, index or None for the manifest, wait seconds) of a request
+    {op: "manifest" | "chunk", kind, version, root, index, wait}; ValueError naming what is wrong."""
+    op, kind, version, root = request.get("op"), request.get("kind"), request.get("version"), request.get("root")
+    index, wait = request.get("index"), request.get("wait", 0.0)
+    if op not in ("manifest", "chunk") or kind not in KINDS:
+        raise ValueError(f"unknown chunk request {op!r} for {kind!r}")
+    if not _natural(version) or not isinstance(root, str) or not re.fullmatch(r"[0-9a-f]{64}", root):
+        raise ValueError("a chunk request names a version (int >= 0) and a root (64 hex digits)")
+    if op == "chunk" and not (_natural(index) and index < MAX_CHUNKS):
+        raise ValueError(f"chunk index must be an int in 0..{MAX_CHUNKS - 1}")
+    if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 3600:
+        raise ValueError("wait must be a number of seconds")
+    return kind, version, root, index if op == "chunk" else None, float(wait)
+
+
+def _natural(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+SLOT_WAIT_S = 2.0  # how long a chunk request queues for an upload slot before it is answered busy
+
+
+def chunk_answer(book: ChunkBook, slots, request: dict) -> tuple[dict, bytes | None]:
+    """A holder's answer to a manifest or chunk request: (header, data). When data is not None an
+    upload slot of `slots` is held, which the caller releases once it has sent the data. Blocks
+    (a chunk on its way, a slot): transports call it from a thread."""
+    try:
+        kind, version, root, index, wait = parse_chunk_request(request)
+    except ValueError as exc:
+        return {"ok": False, "reason": str(exc)[:200], "count": 0}, None
+    data = book.lookup(kind, version, root, index, wait)
+    if data is None:
+        what = "the manifest" if index is None else f"chunk {index}"
+        return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None
+    if not slots.take(SLOT_WAIT_S):
+        return slots.busy_reply(), None
+    return {"ok": True, "count": 1, "sizes": [len(data)]}, data
+
+
+def chunk_request(spec: ChunkSpec, index: int | None, wait_s: float) -> dict:
+    """The request for a payload's manifest (index None) or one of its chunks."""
+    request = {"op": "manifest" if index is None else "chunk", "kind": spec.kind, "version": spec.version,
+               "root": spec.root, "wait": float(wait_s)}
+    if index is not None:
+        request["index"] = index
+    return request
+
+
+def answer_limit(spec: ChunkSpec, index: int | None) -> int:
+    """The exact size of the answer to `chunk_request(spec, index, ...)`."""
+    if index is None:
+        return spec.count * DIGEST_BYTES
+    start, end = spec.bounds(index)
+    return end - start

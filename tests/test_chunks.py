@@ -1,0 +1,251 @@
+"""Versions in verifiable chunks (swarm/fabric/chunks.py, chunked_fetch.py): the manifest and its
+root, a partial payload served while it fills, a holder's answers; then real swarms on loopback,
+over both transports, where three samplers share a snapshot and a delta out in stripes (the
+learner uploads about one copy), every one rebuilds the version bit for bit, and a peer that
+serves a corrupt chunk is struck while the chunk comes from another holder."""
+
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from swarm.fabric.chunks import (
+    DIGEST_BYTES,
+    MIN_CHUNK_BYTES,
+    ChunkBook,
+    ChunkSpec,
+    Partial,
+    chunk_answer,
+    chunk_request,
+    parse_chunk_request,
+    spec_of,
+)
+from swarm.fabric.chunked_fetch import sharers_for
+from swarm.fabric.follower import VersionFollower
+from swarm.fabric.pulse import Pulse
+from swarm.fabric.records import Heartbeat, Member, RunSampling, VersionAnnouncement
+from swarm.fabric.versions import UploadSlots, VersionStore
+from swarm.fabric.weight_delta import CorruptVersion, state_hash
+from swarm.staleness import SecondsDelay
+
+CHUNK = MIN_CHUNK_BYTES
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_a_manifest_is_checked_against_the_root_and_each_chunk_against_the_manifest():
+    data = payload(3 * CHUNK + 100)
+    spec, manifest = spec_of("snapshot", 4, data, CHUNK)
+    assert spec.count == 4 and len(manifest) == 4 * DIGEST_BYTES
+    assert ChunkSpec.parse(spec.token) == spec
+    digests = spec.digests(manifest, "h")
+    with pytest.raises(CorruptVersion, match="root"):
+        spec.digests(manifest[:-1] + bytes([manifest[-1] ^ 1]), "h")
+    with pytest.raises(CorruptVersion):
+        spec.digests(manifest[:-DIGEST_BYTES], "h")
+    partial = Partial(spec, manifest, digests)
+    last = data[3 * CHUNK:]
+    assert not partial.put(3, last[:-1] + bytes([last[-1] ^ 1]))  # a flipped bit is not kept
+    assert not partial.put(3, data[:CHUNK])  # nor another chunk in its place
+    assert partial.missing == 4 and partial.get(3) is None
+    for i in range(4):
+        assert partial.put(i, data[i * CHUNK:(i + 1) * CHUNK])
+    assert partial.complete and partial.payload() == data
+
+
+@pytest.mark.parametrize("token", [
+    "delta:1:0:4096:" + "0" * 64,  # empty
+    "delta:1:100:16:" + "0" * 64,  # chunks below the minimum
+    "other:1:100:4096:" + "0" * 64,
+    "delta:1:100:4096:" + "0" * 63,
+    "delta:1:100000000000:4096:" + "0" * 64,  # more chunks than a manifest may list
+])
+def test_malformed_or_unbounded_chunk_specs_are_refused(token):
+    with pytest.raises(ValueError):
+        ChunkSpec.parse(token)
+
+
+def test_an_announcement_keeps_only_its_own_versions_well_formed_chunk_specs():
+    spec, _ = spec_of("delta", 3, payload(5000), CHUNK)
+    other, _ = spec_of("snapshot", 2, payload(5000), CHUNK)
+    ann = VersionAnnouncement.of("run", 3, "a" * 64, "peer", 0.0, RunSampling(), chunks=[spec, other])
+    assert ann.chunk_specs == {"delta": spec}  # a spec of another version is not announced with this one
+    assert VersionAnnouncement.parse_obj({**ann.dict(), "chunks": []}).chunk_specs == {}
+
+
+def test_a_partial_payload_is_served_as_it_fills_and_a_waiting_request_gets_the_chunk_when_it_arrives():
+    data = payload(2 * CHUNK)
+    spec, manifest = spec_of("delta", 7, data, CHUNK)
+    book = ChunkBook(lambda kind, version: None, CHUNK)
+    assert book.lookup("delta", 7, spec.root, 0, 0.0) is None  # neither held nor on its way
+    partial = book.begin(spec, manifest, spec.digests(manifest, "h"))
+    assert book.lookup("delta", 7, spec.root, None, 0.0) == manifest
+    assert book.lookup("delta", 7, "0" * 64, None, 0.0) is None  # another root: another payload
+    partial.put(0, data[:CHUNK])
+    assert book.lookup("delta", 7, spec.root, 0, 0.0) == data[:CHUNK]
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(chunk=book.lookup("delta", 7, spec.root, 1, 5.0)))
+    started = time.monotonic()
+    waiter.start()
+    time.sleep(0.3)
+    partial.put(1, data[CHUNK:])
+    waiter.join(5)
+    assert got["chunk"] == data[CHUNK:] and 0.25 < time.monotonic() - started < 4
+    book.end(partial)
+    assert book.lookup("delta", 7, spec.root, 0, 0.0) is None
+
+
+def test_a_complete_payload_is_served_only_under_its_own_root():
+    data = payload(CHUNK + 10)
+    book = ChunkBook(lambda kind, version: data if (kind, version) == ("snapshot", 2) else None, CHUNK)
+    spec = book.spec("snapshot", 2)
+    assert spec == spec_of("snapshot", 2, data, CHUNK)[0]
+    assert book.lookup("snapshot", 2, spec.root, 1, 0.0) == data[CHUNK:]
+    assert book.lookup("snapshot", 2, "f" * 64, 1, 0.0) is None  # an honest holder that encoded otherwise
+    assert book.lookup("snapshot", 2, spec.root, 5, 0.0) is None  # past the last chunk
+
+
+def test_a_holder_answers_bad_requests_and_busy_slots_without_sending_anything():
+    data = payload(CHUNK)
+    book = ChunkBook(lambda kind, version: data, CHUNK)
+    spec = book.spec("delta", 1)
+    for bad in ({"op": "chunk"}, {**chunk_request(spec, 0, 0), "index": -1}, {**chunk_request(spec, 0, 0), "root": "x"},
+                {**chunk_request(spec, 0, 0), "wait": "forever"}, {**chunk_request(spec, 0, 0), "kind": "weights"}):
+        with pytest.raises(ValueError):
+            parse_chunk_request(bad)
+        header, sent = chunk_answer(book, UploadSlots(1), bad)
+        assert header["ok"] is False and sent is None
+    slots = UploadSlots(1)
+    header, sent = chunk_answer(book, slots, chunk_request(spec, 0, 0))
+    assert header == {"ok": True, "count": 1, "sizes": [CHUNK]} and sent == data and slots.active == 1
+    started = time.monotonic()
+    header, sent = chunk_answer(book, slots, chunk_request(spec, 0, 0))  # queues for the slot, then gives up
+    assert header.get("busy") and sent is None and time.monotonic() - started >= 1.5
+    slots.release()
+
+
+def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:
+    beat = Heartbeat(role=role, holds=tuple(holds), relay=relay)
+    return Member(record=beat.record(peer_id, 0.0), expires_at=1e12, owner=peer_id.encode())
+
+
+def test_sharers_are_the_relaying_samplers_about_to_fetch_the_same_payload():
+    delta, _ = spec_of("delta", 5, payload(5000), CHUNK)
+    snapshot, _ = spec_of("snapshot", 5, payload(5000), CHUNK)
+    members = [member("a", [3, 4]), member("b", [4]), member("c", [4, 5]), member("d", [3]), member("e", []),
+               member("f", [4], relay=False), member("L", [4, 5], role="learner")]
+    assert sharers_for(delta, members, me="me", me_relays=True) == ["a", "b", "me"]
+    assert sharers_for(delta, members, me="me", me_relays=False) == ["a", "b"]
+    assert sharers_for(snapshot, members, me="me", me_relays=True) == ["e", "me"]
+
+
+# -----------------------------------------------------------------------------------------------
+# real swarms on loopback
+
+def versions():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.Tanh(), torch.nn.Linear(512, 128))
+    v0 = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 128)).pow(2).mean().backward()
+    opt.step()
+    return v0, {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
+
+
+class Sampler:
+    def __init__(self, fabric, learner_key: bytes, index: int):
+        self.fabric, self.store = fabric, VersionStore()
+        self.server = fabric.weight_server(self.store)
+        self.results = []
+        self.pulse = Pulse(self.beat, 0.5)
+        self.follower = VersionFollower(fabric, self.store, [learner_key], SecondsDelay.parse("none"),
+                                        random.Random(index), echo=lambda m: None, on_fetch=self.fetched, poll_s=0.2)
+
+    def beat(self):
+        with self.store.lock:
+            holds = tuple(self.store.states)
+        self.fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=True))
+
+    def fetched(self, result):
+        self.results.append(result)
+        self.pulse.poke()
+
+    def close(self):
+        self.follower.close()
+        self.pulse.close()
+        self.server.close()
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def share_out(make_fabric, corrupt: bool):
+    """A learner and three samplers (the first serving corrupt chunks when `corrupt`): the
+    snapshot of version 0 and the delta to version 1 in chunks. Returns (learner store, its
+    server, its peer id, the samplers, payload sizes)."""
+    learner_fabric = make_fabric(heartbeat_s=0.5)
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    server = learner_fabric.weight_server(store)
+    samplers = [Sampler(make_fabric(heartbeat_s=0.5), learner_fabric.public_key, i) for i in range(3)]
+    if corrupt:
+        honest = samplers[0].store.book.lookup
+
+        def lookup(kind, version, root, index, wait_s):
+            data = honest(kind, version, root, index, wait_s)
+            return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
+
+        samplers[0].store.book.lookup = lookup
+    wait_until(lambda: sum(m.record.relay for m in learner_fabric.members()) == 3, 30, "three relaying samplers")
+    v0, v1 = versions()
+    sizes = {}
+    for version, state in ((0, v0), (1, v1)):
+        store.add(version, state)
+        specs = store.chunk_specs(version)
+        sizes[version] = {s.kind: s.size for s in specs}
+        learner_fabric.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=specs)
+        wait_until(lambda: all(s.store.latest == version for s in samplers), 90, f"version {version} everywhere")
+        # the next payload is shared out only among peers whose records say they hold this one
+        wait_until(lambda: all(version in m.record.holds for m in learner_fabric.members() if m.record.role == "sampler"),
+                   30, "records listing the version")
+    return store, server, learner_fabric.peer_id, samplers, sizes
+
+
+def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_fabric):
+    store, server, learner, samplers, sizes = share_out(make_fabric, corrupt=False)
+    try:
+        assert sizes[0]["snapshot"] > 50 * CHUNK and sizes[1]["delta"] > 10 * CHUNK  # many chunks each
+        for sampler in samplers:
+            assert state_hash(sampler.store.states[1]) == store.hashes[1]
+            assert [r.kinds for r in sampler.results] == [["snapshot"], ["delta"]]
+            assert all(r.sources for r in sampler.results)  # both came in chunks
+        # every sampler took chunks from the others (its stripes), so the learner sent about one copy
+        for kind in (0, 1):
+            assert sum(any(p != learner for p in s.results[kind].sources) for s in samplers) >= 2
+        assert server.bytes_served < 2 * (sizes[0]["snapshot"] + sizes[1]["delta"]) + 64 * 1024
+    finally:
+        for sampler in samplers:
+            sampler.close()
+        server.close()
+
+
+def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_struck(make_fabric):
+    store, server, _, samplers, _ = share_out(make_fabric, corrupt=True)
+    try:
+        bad = samplers[0].fabric.peer_id
+        for sampler in samplers[1:]:
+            assert state_hash(sampler.store.states[1]) == store.hashes[1]  # bit for bit all the same
+            assert sampler.follower._is_shunned(bad)  # struck: not asked again for a while
+            assert all(bad not in r.sources and r.sources for r in sampler.results)  # in chunks, none of them its
+    finally:
+        for sampler in samplers:
+            sampler.close()
+        server.close()
