@@ -7,22 +7,27 @@ running the product's code (benchmarks/fanout_peer.py): the version store, the w
 its upload slots, the follower's holder choice and busy handling, heartbeats listing held versions.
 Two strategies:
 - star: every sampler fetches from the learner, which serves them all at once (no upload limit);
-- relay: the product's default: samplers fetch from other holders first, every holder serves at
-  most 2 transfers at once (the learner too), a busy holder is passed over;
-- chunked cut-through (a relay forwarding a version's verified chunks before it holds all of
-  them): not built yet, so not measured.
+- relay: samplers fetch the whole version from other holders first, every holder serves at most
+  2 transfers at once (the learner too), a busy holder is passed over;
+- chunked: the product's default (swarm/fabric/chunked_fetch.py): the samplers fetching a payload
+  deal its 1 MiB chunks out in stripes, each takes its own stripe from whole holders (the learner,
+  2 upload slots) and every other chunk from its stripe's owner, which forwards each verified
+  chunk as it arrives (cut-through).
 
 Two payloads: a snapshot of about 50 MB (bfloat16, what a new sampler fetches) and the delta of
 one AdamW-sized step on it (what every sampler fetches after each step). 50 MB, not the 100 MB of
 a real mid-size model, because all receivers share this machine's 24 GB: applying a delta takes
 about 85 bytes of memory per changed weight (this step changes half of them), and 8 receivers
 applying a 100 MB version's delta at once ran out of memory. Time runs from the
-learner's announcement to the last sampler holding the verified version; followers poll every
-0.25 s. No delay emulation (no netem here): links add bandwidth limits, not latency. All peers
-share this machine's two cores, which the table's CPU column reports.
+learner's announcement to the last sampler holding the verified version, and to the last holding
+all of the payload's bytes (what the strategy decides; applying a delta is CPU work that 8
+receivers here do on two shared cores); followers poll every 0.25 s. No delay emulation (no
+netem here): links add bandwidth limits, not latency. All peers share this machine's two cores,
+which the table's CPU column reports.
 
     python -m benchmarks fanout_wan            # results in benchmarks/results/fanout_wan.{json,md,png}
     GEPO_FANOUT_MB=100 python -m benchmarks fanout_wan  # the size of the issue's figure (needs ~40 GB)
+    GEPO_FANOUT_TRANSPORT=grpc GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
 
 
-def arrival_times(dirs: list[Path], version: int, announced_at: float) -> list[float]:
+def arrival_times(dirs: list[Path], version: int, announced_at: float, *, payload: bool = False) -> list[float]:
+    """Per receiver that has it, seconds from the announcement to holding the verified version (or,
+    `payload`: to holding all its payload's bytes, before applying them)."""
     found = []
     for d in dirs:
-        times = [e["time"] for e in records(d) if e.get("event") == "version_fetched" and e["version"] >= version]
+        times = [e["time"] - (e["seconds"] - e["transfer_s"] if payload else 0.0)
+                 for e in records(d) if e.get("event") == "version_fetched" and e["version"] >= version]
         if times:
             found.append(min(times) - announced_at)
     return found
@@ -88,6 +96,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 wait_for(lambda: len(arrival_times(dirs, version, at)) == receivers, 900, f"{name} at every receiver",
                          swarm, poll_s=0.2)
                 row[f"{name}_s"] = max(arrival_times(dirs, version, at))
+                row[f"{name}_payload_s"] = max(arrival_times(dirs, version, at, payload=True))
                 row[f"{name}_cpu_percent"] = psutil.cpu_percent()
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
                 row[f"{name}_mb"] = max(e["bytes"] for e in fetches) / 1e6
@@ -110,8 +119,10 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, name in zip(axes, ("snapshot", "delta")):
         for strategy in dict.fromkeys(r["strategy"] for r in rows):
-            pts = [(r["receivers"], r[f"{name}_s"]) for r in rows if r["strategy"] == strategy]
-            ax.plot(*zip(*pts), marker="o", label=strategy)
+            mine = [r for r in rows if r["strategy"] == strategy]
+            line, = ax.plot([r["receivers"] for r in mine], [r[f"{name}_s"] for r in mine], marker="o", label=strategy)
+            ax.plot([r["receivers"] for r in mine], [r[f"{name}_payload_s"] for r in mine], linestyle="--",
+                    color=line.get_color(), label=f"{strategy}: payload received")
         one = min(r[f"{name}_s"] for r in rows if r["receivers"] == 1)
         ax.axhline(1.5 * one, color="grey", linestyle=":", label="1.5x one receiver (goal)")
         mb = rows[0][f"{name}_mb"]
@@ -133,24 +144,26 @@ def run() -> dict:
     rows = []
     with TemporaryDirectory() as tmp:
         for strategy in strategies:
-            for n in RECEIVERS:
+            for n in [int(x) for x in os.environ.get("GEPO_FANOUT_RECEIVERS", ",".join(map(str, RECEIVERS))).split(",")]:
                 started = time.time()
                 rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp)))
                 print(f"  {strategy} x{n}: snapshot {rows[-1]['snapshot_s']:.1f}s, delta {rows[-1]['delta_s']:.2f}s "
                       f"(learner copies {rows[-1]['snapshot_learner_copies']:.1f}/{rows[-1]['delta_learner_copies']:.1f}; "
                       f"{time.time() - started:.0f}s)", flush=True)
     for r in rows:
-        one = next(x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1)
+        one = next((x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1), r)
         r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
     plot(rows, RESULTS / "fanout_wan.png")
     figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
-          f"Seconds from the learner's announcement to the last sampler holding the verified version; "
+          f"Seconds from the learner's announcement to the last sampler holding the verified version (payload s: "
+          f"to the last holding all the payload's bytes, before applying them); "
           f"learner copies: bytes it uploaded over the payload's size. Plot: fanout_wan.png.\n\n" + markdown_table(
-              ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "learner copies", "delta MB", "delta s",
-               "x one", "learner copies", "CPU % (snapshot)"],
-              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"],
-                r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_learner_copies"],
+              ["strategy", "samplers", "snapshot MB", "snapshot s", "payload s", "x one", "learner copies", "delta MB",
+               "delta s", "payload s", "x one", "learner copies", "CPU % (snapshot)"],
+              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_payload_s"], r["snapshot_vs_one"],
+                r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_payload_s"], r["delta_vs_one"],
+                r["delta_learner_copies"],
                 r["snapshot_cpu_percent"]] for r in rows]))
     write_result("fanout_wan", figures, md)
     return figures

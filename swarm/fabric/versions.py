@@ -106,12 +106,13 @@ class FetchResult:
     kinds: list[str]  # "snapshot" or "delta", per payload
     seconds: float
     relayed: bool = False  # from a peer other than the learner that announced it
+    transfer_s: float = 0.0  # of `seconds`, until the payloads were all here (the rest: applying, verifying)
     sources: dict[str, int] = field(default_factory=dict)  # in chunks: bytes per peer that sent some
 
     def event_fields(self) -> dict:
         """The fields of a `version_fetched` record in a peer's events.jsonl."""
         fields = {"version": self.version, "holder": self.holder, "bytes": self.bytes, "kinds": self.kinds,
-                  "seconds": round(self.seconds, 4), "relayed": self.relayed}
+                  "seconds": round(self.seconds, 4), "transfer_s": round(self.transfer_s, 4), "relayed": self.relayed}
         if self.sources:
             fields["sources"] = dict(self.sources)
         return fields
@@ -416,6 +417,7 @@ class RebuildingClient:
                 known: Mapping[int, str], started: float) -> FetchResult:
         """Apply `payloads` (have -> want) to what `store` holds, verify and keep the result
         (`fetch`; also for payloads assembled from chunks)."""
+        transferred = time.time()
         with store.lock:
             base = store.states[have] if have is not None else None
         state, version = base, have
@@ -443,7 +445,7 @@ class RebuildingClient:
                 store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
                           snapshot=payload if kind == "snapshot" else None, owned=True)
         return FetchResult(version=want, holder=str(holder), bytes=sum(len(p) for p in payloads),
-                           kinds=[b[4] for b in built], seconds=time.time() - started)
+                           kinds=[b[4] for b in built], seconds=time.time() - started, transfer_s=transferred - started)
 
 
 class WeightClient(RebuildingClient):
