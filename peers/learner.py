@@ -219,7 +219,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                        skipped_steps=totals["skipped_steps"], verified=verifier.checked,
                        verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
-                       uploads=server.served, uploads_refused_busy=server.slots.refused)
+                       uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused)
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")

@@ -117,15 +117,41 @@ def test_a_holder_answers_bad_requests_and_busy_slots_without_sending_anything()
                 {**chunk_request(spec, 0, 0), "wait": "forever"}, {**chunk_request(spec, 0, 0), "kind": "weights"}):
         with pytest.raises(ValueError):
             parse_chunk_request(bad)
-        header, sent = chunk_answer(book, UploadSlots(1), bad)
+        header, sent = chunk_answer(book, bad, UploadSlots(1))
         assert header["ok"] is False and sent is None
     slots = UploadSlots(1)
-    header, sent = chunk_answer(book, slots, chunk_request(spec, 0, 0))
+    header, sent = chunk_answer(book, chunk_request(spec, 0, 0), slots)
     assert header == {"ok": True, "count": 1, "sizes": [CHUNK]} and sent == data and slots.active == 1
     started = time.monotonic()
-    header, sent = chunk_answer(book, slots, chunk_request(spec, 0, 0))  # queues for the slot, then gives up
+    header, sent = chunk_answer(book, chunk_request(spec, 0, 0), slots)  # queues for the slot, then gives up
     assert header.get("busy") and sent is None and time.monotonic() - started >= 1.5
     slots.release()
+
+
+def test_an_event_loop_waiting_for_a_slot_is_not_blocked_and_a_cancelled_waiter_takes_none():
+    import asyncio
+
+    slots = UploadSlots(1)
+    assert slots.take()
+
+    async def scenario():
+        waiter = asyncio.create_task(slots.take_async(5.0))
+        ticks = 0
+        for _ in range(5):  # the loop keeps running while the waiter polls
+            await asyncio.sleep(0.02)
+            ticks += 1
+        waiter.cancel()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            pass
+        slots.release()  # the slot frees after the waiter went away: it must not be taken by it
+        assert await slots.take_async(0.0)
+        refused = await asyncio.create_task(slots.take_async(0.1))
+        return ticks, refused
+
+    ticks, refused = asyncio.run(scenario())
+    assert ticks == 5 and refused is False and slots.active == 1 and slots.refused == 1
 
 
 def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:

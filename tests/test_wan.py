@@ -131,31 +131,10 @@ def versions_fetched(run_dir: Path) -> set[int]:
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_sampler_behind_nat_streams_rollouts_and_follows_versions(tmp_path, transport):
-    """A sampler behind a MASQUERADE router, started with the plain command: the learner trains on
-    its groups and it fetches the versions that follow."""
-    with Wan() as wan:
-        a, b = wan.host("a"), wan.host("b")
-        home = wan.nat("home")
-        c = wan.behind(home, "c")
-        swarm = WanSwarm(wan, tmp_path)
-        try:
-            addr, learner, key = start_run(swarm, a, b, transport)
-            sampler = start_sampler(swarm, c, "natted", addr, key, transport)
-            wait_for(lambda: len(versions_fetched(sampler.run_dir)) >= 3, 180, "three versions fetched behind the NAT", swarm)
-            row = next(p for p in status_json(swarm, a, addr, transport, run_id="wan")["peers"] if p["role"] == "sampler")
-        finally:
-            swarm.stop_all()
-    assert accepted(sampler.run_dir) >= 8, records(sampler.run_dir)[-5:]
-    assert len(steps_of(learner.run_dir)) >= 2
-    if transport == "grpc":  # it knows it is behind a NAT (the registry sees another address): it offers nothing to relay
-        assert row["holds"] == [] and row["peer_id"].endswith(f"@{c.public_ip}:{row['peer_id'].rsplit(':', 1)[1]}"), row
-
-
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_two_samplers_behind_nats_with_the_same_private_address_stay_distinct(tmp_path, transport):
-    """Two homes, the same LAN subnet, a sampler at 192.168.77.10 port 40001 in each: both stream
-    groups the learner accepts, and the swarm lists them as two peers (identity by key)."""
+def test_samplers_behind_nats_with_the_same_private_address_stream_follow_and_stay_distinct(tmp_path, transport):
+    """Two homes behind MASQUERADE routers, the same LAN subnet, a sampler at 192.168.77.10 port
+    40001 in each, started with the plain command: the learner trains on both one's groups, both
+    fetch the versions that follow, and the swarm lists them as two peers (identity by key)."""
     with Wan() as wan:
         a, b = wan.host("a"), wan.host("b")
         samplers, hosts = [], []
@@ -166,13 +145,19 @@ def test_two_samplers_behind_nats_with_the_same_private_address_stay_distinct(tm
                 host = wan.behind(wan.nat(f"home{i}"), f"s{i}", ip="192.168.77.10")
                 hosts.append(host)
                 samplers.append(start_sampler(swarm, host, f"twin{i}", addr, key, transport, "--port", "40001"))
-            wait_for(lambda: all(accepted(s.run_dir) >= 4 for s in samplers), 180, "both twins' groups accepted", swarm)
+            wait_for(lambda: all(accepted(s.run_dir) >= 4 and len(versions_fetched(s.run_dir)) >= 3 for s in samplers),
+                     180, "both twins' groups accepted and three versions fetched behind the NATs", swarm)
             status = status_json(swarm, a, addr, transport, run_id="wan")
         finally:
             swarm.stop_all()
-    ids = [p["peer_id"] for p in status["peers"] if p["role"] == "sampler"]
-    assert len(set(ids)) == 2, status
+    rows = [p for p in status["peers"] if p["role"] == "sampler"]
+    assert len({p["peer_id"] for p in rows}) == 2, status
     assert len({s.ready["peer_id"] for s in samplers}) == 2
+    assert len(steps_of(learner.run_dir)) >= 2
+    if transport == "grpc":  # each knows it is behind a NAT (the registry sees another address): it offers nothing to relay
+        for row in rows:
+            port = row["peer_id"].rsplit(":", 1)[1]
+            assert row["holds"] == [] and any(row["peer_id"].endswith(f"@{h.public_ip}:{port}") for h in hosts), row
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

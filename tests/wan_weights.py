@@ -2,13 +2,18 @@
 (tests/test_wan_relay.py): the library's fabric, version store, weight server and fetch, without a
 model, so that a test controls who holds what and can kill a holder mid-transfer.
 
-    python tests/wan_weights.py serve --transport T --peers ADDR --out DIR [--megabytes N] [--corrupt]
+    python tests/wan_weights.py serve --transport T --peers ADDR --out DIR [--megabytes N] [--corrupt] [--announce]
     python tests/wan_weights.py fetch --transport T --peers ADDR --holders P1,P2 --hash H --out FILE
+    python tests/wan_weights.py follow --transport T --peers ADDR --key KEY --out DIR [--corrupt]
 
 `serve` holds version 0 (the same tensors in every holder: seeded), serves it, and writes
-DIR/ready.json with its peer id and the version's hash; with --corrupt it serves a copy with one
-byte changed. `fetch` asks the holders in order (the product's fetch_from_holders) and writes what
-it got to FILE.
+DIR/ready.json with its peer id, its learner key and the version's hash; with --corrupt it serves
+a copy with one byte changed; with --announce it announces version 0 as a learner does, chunked,
+once the file DIR/go exists.
+`fetch` asks the holders in order (the product's fetch_from_holders) and writes what it got to
+FILE. `follow` is a sampler's version follower and heartbeat (a relay: it serves the chunks it
+receives) that writes DIR/fetched.json once it holds version 0, and DIR/shunned.json when stopped;
+with --corrupt it serves every chunk with its first byte flipped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -23,10 +29,14 @@ from pathlib import Path
 
 import torch
 
-from swarm.fabric.follower import fetch_from_holders
+from swarm.fabric.follower import VersionFollower, fetch_from_holders
+from swarm.fabric.identity import decode_learner_key, encode_learner_key
+from swarm.fabric.pulse import Pulse
+from swarm.fabric.records import Heartbeat
 from swarm.fabric.transports import join
 from swarm.fabric.versions import VersionStore
 from swarm.runlog import write_json_atomic
+from swarm.staleness import SecondsDelay
 
 
 def version_zero(megabytes: float) -> dict[str, torch.Tensor]:
@@ -50,11 +60,59 @@ def serve(args) -> None:
         store.payloads = tampered
     server = fabric.weight_server(store)
     out = Path(args.out)
-    write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "hash": digest, "pid": os.getpid()})
+
+    def announce() -> None:
+        if (out / "go").exists():
+            fabric.announce(0, digest, chunks=store.chunk_specs(0))
+
+    pulse = Pulse(announce, 0.5) if args.announce else None
+    write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "hash": digest, "pid": os.getpid(),
+                                           "key": encode_learner_key(fabric.public_key)})
+    stopped().wait()
+    if pulse is not None:
+        pulse.close()
+    write_json_atomic(out / "served.json", {"served": server.served, "bytes": server.bytes_served})
+    server.close()
+    fabric.shutdown()
+
+
+def stopped() -> threading.Event:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
-    write_json_atomic(out / "served.json", {"served": server.served})
+    return stop
+
+
+def follow(args) -> None:
+    fabric = join(args.transport, run_id=args.run_id, peers=[args.peers], role="sampler", host="0.0.0.0")
+    store = VersionStore()
+    if args.corrupt:
+        honest = store.book.lookup
+
+        def tampered(kind, version, root, index, wait_s):
+            data = honest(kind, version, root, index, wait_s)
+            return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
+
+        store.book.lookup = tampered
+    server = fabric.weight_server(store)
+    out = Path(args.out)
+
+    def beat() -> None:
+        with store.lock:
+            holds = tuple(store.states)
+        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=True))
+
+    def fetched(result) -> None:
+        write_json_atomic(out / "fetched.json", {**result.event_fields(), "hash": store.hashes[result.version]})
+        pulse.poke()
+
+    pulse = Pulse(beat, 1.0)
+    follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),
+                               random.Random(fabric.peer_id), echo=print, on_fetch=fetched, poll_s=0.25)
+    write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "pid": os.getpid()})
+    stopped().wait()
+    write_json_atomic(out / "shunned.json", [peer for peer in follower._shunned if follower._is_shunned(peer)])
+    follower.close()
+    pulse.close()
     server.close()
     fabric.shutdown()
 
@@ -79,7 +137,7 @@ def fetch(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["serve", "fetch"])
+    parser.add_argument("mode", choices=["serve", "fetch", "follow"])
     parser.add_argument("--transport", default="hivemind")
     parser.add_argument("--peers", required=True)
     parser.add_argument("--run-id", default="wan-relay")
@@ -88,8 +146,10 @@ def main() -> None:
     parser.add_argument("--corrupt", action="store_true")
     parser.add_argument("--holders", default="")
     parser.add_argument("--hash", default="")
+    parser.add_argument("--announce", action="store_true")
+    parser.add_argument("--key", default="")
     args = parser.parse_args()
-    serve(args) if args.mode == "serve" else fetch(args)
+    {"serve": serve, "fetch": fetch, "follow": follow}[args.mode](args)
 
 
 if __name__ == "__main__":

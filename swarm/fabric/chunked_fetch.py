@@ -38,6 +38,8 @@ OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the re
 WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default upload slots)
 SHARED_WORKERS = 4  # requests at once to other stripes' owners
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
+WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
+STALL_S = 60.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -82,6 +84,8 @@ class ChunkedFetch:
         self.received: Counter[str] = Counter()  # bytes of verified chunks, per sender
         self._dead: set[str] = set()  # peers not asked again in this fetch
         self._misses: Counter[str] = Counter()
+        self._failures: Counter[str] = Counter()
+        self._progress = time.monotonic()  # when the last chunk was kept
         self._cond = threading.Condition()
         self._from_whole: deque[int] = deque()
         self._from_owners: deque[int] = deque()
@@ -107,7 +111,8 @@ class ChunkedFetch:
                 worker.join(max(0.0, self.deadline - time.monotonic()) + 5)
             if not partial.complete:
                 raise ChunkedFetchFailed(f"{partial.missing} of {self.spec.count} chunks of {self.spec.kind} "
-                                         f"{self.spec.version} could not be fetched (whole holders left: {self._alive()})")
+                                         f"{self.spec.version} could not be fetched (whole holders left: "
+                                         f"{len(self._alive())} of {len(self.whole)})")
             return partial
         except BaseException:
             self.book.end(partial)
@@ -134,7 +139,7 @@ class ChunkedFetch:
         """The next chunk for a worker; None when there is nothing left for it to do."""
         queue = self._from_whole if whole else self._from_owners
         with self._cond:
-            while time.monotonic() < self.deadline and not self.partial.complete:
+            while time.monotonic() < min(self.deadline, self._progress + STALL_S) and not self.partial.complete:
                 while queue and self.partial.have[queue[0]]:
                     queue.popleft()
                 if queue:
@@ -196,7 +201,9 @@ class ChunkedFetch:
             self._strike(peer, CorruptVersion(f"chunk {index} of {self.spec.kind} {self.spec.version} does not match "
                                               "its digest"))
             return False
-        self.received[peer] += len(data)
+        with self._cond:
+            self.received[peer] += len(data)
+            self._progress = time.monotonic()
         return True
 
     def _strike(self, peer: str, exc: BaseException) -> None:
@@ -207,6 +214,8 @@ class ChunkedFetch:
     def _gone(self, peer: str, exc: BaseException) -> None:
         logger.info("peer %s could not serve chunks of %s %d: %s: %s", peer, self.spec.kind, self.spec.version,
                     type(exc).__name__, exc)
-        self._dead.add(peer)
+        self._failures[peer] += 1
+        if peer not in self.whole or self._failures[peer] >= WHOLE_FAILURES:  # a loaded learner may time out once
+            self._dead.add(peer)
         if self.on_unreachable is not None:
             self.on_unreachable(peer, exc)

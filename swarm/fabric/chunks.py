@@ -266,10 +266,10 @@ def _natural(value) -> bool:
 SLOT_WAIT_S = 2.0  # how long a chunk request queues for an upload slot before it is answered busy
 
 
-def chunk_answer(book: ChunkBook, slots, request: dict) -> tuple[dict, bytes | None]:
-    """A holder's answer to a manifest or chunk request: (header, data). When data is not None an
-    upload slot of `slots` is held, which the caller releases once it has sent the data. Blocks
-    (a chunk on its way, a slot): transports call it from a thread."""
+def chunk_answer(book: ChunkBook, request: dict, slots=None) -> tuple[dict, bytes | None]:
+    """A holder's answer to a manifest or chunk request: (header, data). With `slots`, when data
+    is not None an upload slot is held, which the caller releases once it has sent the data
+    (without, the caller takes one). Blocks (a chunk on its way, a slot): call it from a thread."""
     try:
         kind, version, root, index, wait = parse_chunk_request(request)
     except ValueError as exc:
@@ -278,7 +278,7 @@ def chunk_answer(book: ChunkBook, slots, request: dict) -> tuple[dict, bytes | N
     if data is None:
         what = "the manifest" if index is None else f"chunk {index}"
         return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None
-    if not slots.take(SLOT_WAIT_S):
+    if slots is not None and not slots.take(SLOT_WAIT_S):
         return slots.busy_reply(), None
     return {"ok": True, "count": 1, "sizes": [len(data)]}, data
 

@@ -318,7 +318,7 @@ class GrpcWeightServer:
             self.slots.release()
 
     def _chunk(self, request: dict):
-        header, data = chunk_answer(self.store.book, self.slots, request)
+        header, data = chunk_answer(self.store.book, request, self.slots)
         if data is None:
             yield pack(header)
             return

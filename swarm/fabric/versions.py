@@ -23,7 +23,16 @@ from typing import Iterable, Mapping, Sequence
 import msgpack
 import torch
 
-from swarm.fabric.chunks import KINDS, MAX_WAITERS, ChunkBook, ChunkSpec, answer_limit, chunk_answer, chunk_request
+from swarm.fabric.chunks import (
+    KINDS,
+    MAX_WAITERS,
+    SLOT_WAIT_S,
+    ChunkBook,
+    ChunkSpec,
+    answer_limit,
+    chunk_answer,
+    chunk_request,
+)
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import RunSampling, VersionAnnouncement, versions_key
 from swarm.fabric.weight_delta import (
@@ -222,12 +231,17 @@ class VersionStore:
         return snapshot
 
     def payload(self, kind: str, version: int) -> bytes | None:
-        """The delta to `version` or its snapshot, as held here (None: not held)."""
+        """The delta to `version` or its snapshot, as held here (None: not held). Snapshots only of
+        the newest version or the one encoded last: any other would be encoded (and hashed) afresh
+        for whoever asks, evicting the one that new peers need."""
         with self.lock:
             if kind == "delta":
                 return self.deltas.get(version)
             state = self.states.get(version)
-        return None if state is None else self._snapshot_of(version, state)
+            cached = self._snapshot
+            if state is None or (version != self.latest and (cached is None or cached[0] != version)):
+                return None
+        return self._snapshot_of(version, state)
 
     def chunk_specs(self, version: int) -> list[ChunkSpec]:
         """The chunk specs of the delta to `version` (when held) and of its snapshot: what a
@@ -266,6 +280,20 @@ class UploadSlots:
                 self._cond.wait(left)
             self.active += 1
             return True
+
+    async def take_async(self, wait_s: float) -> bool:
+        """`take` on an event loop: it polls rather than block the loop, and a caller cancelled
+        while it waits has taken nothing."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._cond:
+                if self.limit is None or self.active < self.limit:
+                    self.active += 1
+                    return True
+                if time.monotonic() >= deadline:
+                    self.refused += 1
+                    return False
+            await asyncio.sleep(0.02)
 
     def release(self) -> None:
         with self._cond:
@@ -340,8 +368,11 @@ class WeightServer:
     async def _chunk(self, request: dict, writer) -> None:
         from hivemind.p2p import P2P
 
-        header, data = await asyncio.get_running_loop().run_in_executor(self._waits, chunk_answer, self.store.book,
-                                                                         self.slots, request)
+        # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
+        # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
+        header, data = await asyncio.get_running_loop().run_in_executor(self._waits, chunk_answer, self.store.book, request)
+        if data is not None and not await self.slots.take_async(SLOT_WAIT_S):
+            header, data = self.slots.busy_reply(), None
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
             return
