@@ -7,9 +7,10 @@ with held-out accuracy every few steps.
 
 Staleness K means each virtual sampler's delay is drawn uniformly from 0..K steps (or, with
 --delay-shape, always K or log-normal as in the paper), capped by the versions that exist; K = 0 is
-online RL. Seeds, prompts, schedule and evaluation are the same for every loss, so differences come
-from the loss alone. Writes benchmarks/results/staleness.json, staleness.md, staleness_curves.png and
-staleness_diagnostics.png.
+online RL. --drop-older-than J drops groups more than J steps old (prime-rl's rule) and trains on
+fresher ones instead. Seeds, prompts, schedule and evaluation are the same for every loss, so
+differences come from the loss alone. Writes benchmarks/results/staleness.json, staleness.md,
+staleness_curves.png and staleness_diagnostics.png.
 """
 
 from __future__ import annotations
@@ -26,23 +27,24 @@ from pathlib import Path
 from benchmarks.common import RESULTS
 from benchmarks.staleness_report import report, report_again
 
-ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo"]
+ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo", "m2po", "decoupled_ppo", "tis_mis", "opsm"]
 
 
 DELAY_SHAPES = ("uniform", "fixed", "lognormal")
 
 
-def delay_spec(shape: str, staleness: int) -> str:
+def delay_spec(shape: str, staleness: int, drop_older_than: int | None = None) -> str:
     """The delay distribution (swarm/staleness.py) of maximum staleness K in the given shape.
 
     lognormal keeps the paper's proportions: delays of 60..1920 s at 30 s per step are 2..64 steps,
     so K steps becomes a log-normal between K/32 and K steps (K * 30 / 32 .. K * 30 s at 30 s/step).
+    With `drop_older_than` J < K, groups more than J steps old are dropped and replaced by fresher ones
+    (prime-rl's rule, J = 8 there).
     """
     if staleness == 0:
         return "none"
-    if shape == "lognormal":
-        return f"lognormal:{staleness * 30 / 32:g},{staleness * 30},30"
-    return f"{shape}:{staleness}"
+    spec = f"lognormal:{staleness * 30 / 32:g},{staleness * 30},30" if shape == "lognormal" else f"{shape}:{staleness}"
+    return spec if drop_older_than is None or drop_older_than >= staleness else f"{spec}/drop:{drop_older_than}"
 
 
 def run_one(loss: str, staleness: int, seed: int, args) -> dict:
@@ -51,7 +53,8 @@ def run_one(loss: str, staleness: int, seed: int, args) -> dict:
 
     config = TrainerConfig(
         loss={"name": loss}, steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
-        learning_rate=args.lr, delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness), max_staleness=max(staleness, 0),
+        learning_rate=args.lr, max_staleness=max(staleness, 0),
+        delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness, getattr(args, "drop_older_than", None)),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
         advantage_diagnostic_every=args.advantage_every,
     )
@@ -98,7 +101,7 @@ def run_jobs(jobs: list[tuple], workers: int, on_result) -> None:
 
 # What a run's result depends on besides its loss, level and seed: a resumed study must keep these.
 TRAINING_SETTINGS = ("steps", "prompts_per_step", "group_size", "lr", "eval_every", "advantage_every",
-                     "eval_problems", "delay_shape")
+                     "eval_problems", "delay_shape", "drop_older_than")
 
 
 def read_partial(partial: Path) -> tuple[dict | None, list[dict], int]:
@@ -159,6 +162,9 @@ def main(argv=None) -> int:
     parser.add_argument("--delay-shape", choices=DELAY_SHAPES, default="uniform",
                         help="how each group's delay is drawn up to the maximum staleness K: uniform over 0..K (default), "
                              "always K, or the paper's log-normal between K/32 and K")
+    parser.add_argument("--drop-older-than", type=int, default=None, metavar="J",
+                        help="drop groups more than J steps old (prime-rl's rule, J = 8 there); a step still trains on "
+                             "--prompts-per-step groups, fresher ones: the cost is sampling, reported as the share dropped")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per loss and level (default 3, 1 with --quick)")
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default 60, 40 with --quick)")
     parser.add_argument("--prompts-per-step", type=int, default=8)
@@ -196,9 +202,23 @@ def main(argv=None) -> int:
     if unknown or args.workers < 1 or any(k < 0 for k in levels):
         parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSSES)}" if unknown else
                      "--workers must be >= 1 and staleness levels >= 0")
+    if args.drop_older_than is not None:
+        from swarm.staleness import DelayDistribution
+
+        if args.drop_older_than < 0:
+            parser.error("--drop-older-than must be >= 0")
+        try:
+            dropped = {k: DelayDistribution.parse(delay_spec(args.delay_shape, k, args.drop_older_than)).dropped_fraction()
+                       for k in levels}
+        except ValueError as exc:
+            parser.error(f"--drop-older-than {args.drop_older_than}: {exc}")
+        print("groups dropped as older than {} steps (sampling wasted): {}".format(
+            args.drop_older_than, ", ".join(f"{100 * f:.0f}% at staleness {k}" for k, f in dropped.items())), flush=True)
     out: Path = args.out
     partial = out / "staleness_runs.partial.jsonl"  # survives an interrupted study
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only", "resume")}  # out: no machine's paths
+    if args.drop_older_than is not None:  # what dropping costs, recorded with the results
+        settings["dropped_share"] = {str(k): round(f, 4) for k, f in dropped.items()}
     planned = [(loss, k, seed) for seed in range(seeds) for k in levels for loss in losses]  # seed-major:
     # an interrupted study leaves whole seeds behind
     earlier = check_interrupted_study(parser, args, partial, planned, settings)

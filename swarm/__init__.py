@@ -9,7 +9,8 @@ The project has three layers, and imports point down only (import-linter checks 
 The library, one concept per module:
 
 - config/ (package)  - every setting and default: one pydantic model per role.
-- losses/ (package)  - the policy-loss registry: gepo, grpo, dr_grpo, bnpo, gspo, gmpo, topr, cispo,
+- losses/ (package)  - the policy-loss registry: gepo, grpo, dr_grpo, bnpo, gspo, gmpo, topr, cispo, m2po,
+                       decoupled_ppo, tis_mis, opsm,
                        plus the sampler-learner KL penalty; pure tensor functions.
 - advantages.py      - group-normalised advantages (std, no-std, Beta normalisation).
 - logprobs.py        - per-token log-probs of chosen tokens under a (temperature / top-k / top-p)

@@ -11,6 +11,11 @@ A delay distribution gives, for each rollout group, how many policy versions old
                                  +-2 sigma.
 Every draw is capped by the versions that exist (a group cannot come from before version 0) and by
 the maximum staleness a learner tolerates.
+
+Any of them may end in "/drop:K" ("uniform:64/drop:8"): groups more than K steps old are dropped, as
+prime-rl does by default with K = 8, and the learner waits for fresher ones. A step still trains on
+as many groups, so their staleness follows the distribution conditioned on at most K (each draw is
+redrawn until it is); what dropping costs is sampling, the share `dropped_fraction()` of all groups.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,9 +35,25 @@ class DelayDistribution:
     low_s: float = 0.0
     high_s: float = 0.0
     step_s: float = 1.0
+    drop_over: int | None = None  # groups staler than this many steps are dropped (None: none are)
 
     @classmethod
     def parse(cls, spec: str) -> "DelayDistribution":
+        base, slash, drop = spec.partition("/")
+        dist = cls._parse_base(base)
+        if not slash:
+            return dist
+        name, _, k = drop.partition(":")
+        if name != "drop" or not k.isdigit():
+            raise ValueError(f"bad delay distribution {spec!r}: after '/' write drop:K, the staleness in steps above "
+                             "which groups are dropped (e.g. uniform:64/drop:8)")
+        if dist.min_steps > int(k):
+            raise ValueError(f"delay distribution {spec!r} drops every group: none is ever {k} steps old or fresher; "
+                             "raise K or use a distribution with fresher groups")
+        return replace(dist, drop_over=int(k))
+
+    @classmethod
+    def _parse_base(cls, spec: str) -> "DelayDistribution":
         kind, _, args = spec.partition(":")
         try:
             if kind == "none" and not args:
@@ -57,13 +78,45 @@ class DelayDistribution:
     @property
     def max_steps(self) -> int:
         if self.kind == "none":
-            return 0
-        if self.kind in ("fixed", "uniform"):
+            most = 0
+        elif self.kind in ("fixed", "uniform"):
+            most = self.k
+        else:
+            most = math.ceil(self.high_s / self.step_s)
+        return most if self.drop_over is None else min(most, self.drop_over)
+
+    @property
+    def min_steps(self) -> int:
+        """The freshest a group can be, before any drop."""
+        if self.kind == "fixed":
             return self.k
-        return math.ceil(self.high_s / self.step_s)
+        if self.kind == "lognormal":
+            return int(round(self.low_s / self.step_s))
+        return 0
+
+    def dropped_fraction(self) -> float:
+        """The share of all groups that are more than `drop_over` steps old and dropped."""
+        if self.drop_over is None or self.kind in ("none", "fixed"):  # parse() refused fixed:K/drop:J, J < K
+            return 0.0
+        if self.kind == "uniform":
+            return max(0, self.k - self.drop_over) / (self.k + 1)
+        # lognormal: round(X / step_s) > K when X > (K + 1/2) * step_s, X the clipped log-normal delay
+        t = (self.drop_over + 0.5) * self.step_s
+        if t < self.low_s:
+            return 1.0
+        if t >= self.high_s:
+            return 0.0
+        mu, sigma = lognormal_parameters(self.low_s, self.high_s)
+        return 0.5 * math.erfc((math.log(t) - mu) / (sigma * math.sqrt(2)))
 
     def draw(self, rng: random.Random) -> int:
-        """Staleness in steps (before capping)."""
+        """Staleness in steps (before capping), redrawn while it exceeds `drop_over`."""
+        while True:
+            steps = self._draw_once(rng)
+            if self.drop_over is None or steps <= self.drop_over:
+                return steps
+
+    def _draw_once(self, rng: random.Random) -> int:
         if self.kind == "none":
             return 0
         if self.kind == "fixed":
@@ -73,11 +126,15 @@ class DelayDistribution:
         return int(round(lognormal_between(rng, self.low_s, self.high_s) / self.step_s))
 
 
+def lognormal_parameters(low: float, high: float) -> tuple[float, float]:
+    """(mu, sigma) of the paper's delay model: median sqrt(low * high), the bounds at +-2 sigma."""
+    return (math.log(low) + math.log(high)) / 2, (math.log(high) - math.log(low)) / 4
+
+
 def lognormal_between(rng: random.Random, low: float, high: float) -> float:
     """The paper's delay model: log-normal with median sqrt(low * high) and the bounds at +-2 sigma,
     clipped to [low, high]."""
-    mu = (math.log(low) + math.log(high)) / 2
-    sigma = (math.log(high) - math.log(low)) / 4
+    mu, sigma = lognormal_parameters(low, high)
     return min(high, max(low, rng.lognormvariate(mu, sigma)))
 
 

@@ -24,6 +24,11 @@ def two_completion_batch(requires_grad=True):
 #  GRPO-family / GSPO / GMPO (no clip active in the pessimistic direction): -(0.8 - 1.2)/2 = 0.2
 #  TOPR: weights 1 (A > 0) and min(1, 1.2) = 1: -(log 0.4 - log 0.3)/2
 #  CISPO: sg weights 0.8, 1.2: -(0.8 log 0.4 - 1.2 log 0.3)/2
+#  M2PO: neither token is in the trust region (A > 0 with r < 1, A < 0 with r > 1): no mask, -(0.8 - 1.2)/2
+#  decoupled PPO, token-TIS + seq-MIS: behaviour weights 0.8, 1.2 (under both caps, sequence ratios in
+#        [0.5, 2]) times a proximal ratio of 1: -(0.8 - 1.2)/2
+#  OPSM: the A < 0 completion has mean log(q/p) = log(0.25/0.3) < 0, not masked: GRPO's 0.2
+#  (tests/test_losses_off_policy.py works each of the new four by hand where their masks act.)
 HAND = {
     "gepo": (-(0.96 - 0.8) / 2, 0.5),
     "grpo": (0.2, 0.0),
@@ -33,6 +38,10 @@ HAND = {
     "gmpo": (0.2, 0.0),
     "topr": (-(math.log(0.4) - math.log(0.3)) / 2, 0.5),
     "cispo": (-(0.8 * math.log(0.4) - 1.2 * math.log(0.3)) / 2, 0.0),
+    "m2po": (0.2, 0.0),
+    "decoupled_ppo": (0.2, 0.0),
+    "tis_mis": (0.2, 0.0),
+    "opsm": (0.2, 0.0),
 }
 
 
@@ -45,7 +54,8 @@ def test_hand_computed_values(name):
 
 
 def test_every_registered_loss_has_a_hand_value():
-    assert set(HAND) == set(LOSSES) == {"gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo"}
+    assert set(HAND) == set(LOSSES) == {"gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo", "m2po",
+                                         "decoupled_ppo", "tis_mis", "opsm"}
 
 
 def test_gepo_weight_metrics_hand_computed():
@@ -99,6 +109,91 @@ def test_gmpo_clips_log_ratio_in_log_space_pessimistically():
     inputs = LossInputs(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.tensor([-2.0]), torch.tensor([0]))
     out = compute_loss(inputs, LossConfig(name="gmpo", kl_coef=0))
     assert out.loss.item() == pytest.approx(2.0 * math.exp((1.0 - 0.4) / 2), abs=1e-6)
+
+
+@pytest.mark.parametrize("adv, log_ratio, kept, clipped", [
+    # The GMPO paper's rule: log r is bounded to [-eps_low, eps_high] = [-0.2, 0.5] whatever the sign
+    # of A; the pessimistic side is min for A > 0, max for A < 0.
+    (-1.0, -0.3, -0.2, True),   # A < 0, ratio below the range: raised to e^-0.2 (eps_low, not eps_high)
+    (-1.0, 0.6, 0.6, False),    # A < 0, ratio above: the larger (worse) ratio is kept
+    (1.0, 0.6, 0.5, True),      # A > 0, ratio above: cut to e^0.5 (eps_high)
+    (1.0, -0.3, -0.3, False),   # A > 0, ratio below: kept
+])
+def test_gmpo_asymmetric_clip_range_applies_to_the_log_ratio_for_either_sign(adv, log_ratio, kept, clipped):
+    lp = torch.tensor([[log_ratio]], requires_grad=True)
+    inputs = LossInputs(lp, torch.zeros(1, 1), torch.ones(1, 1), torch.tensor([adv]), torch.tensor([0]))
+    out = compute_loss(inputs, LossConfig(name="gmpo", kl_coef=0, eps_low=0.2, eps_high=0.5))
+    assert out.loss.item() == pytest.approx(-adv * math.exp(kept), abs=1e-6)
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    # a clipped token carries no gradient; a kept one the gradient of -A * e^(log r)
+    assert grad.item() == pytest.approx(0.0 if clipped else -adv * math.exp(log_ratio), abs=1e-6)
+    assert out.metrics["clip_frac"].item() == (1.0 if clipped else 0.0)
+
+
+def topr_batch():
+    """A > 0: two tokens, p = (0.5, 0.25), q = 0.5 each. A < 0: p = (0.2, 0.3), q = (0.4, 0.6): token
+    ratios 0.5 and 0.5, so the whole sequence's ratio is 0.25 and its per-token geometric mean 0.5."""
+    learner = torch.log(torch.tensor([[0.5, 0.25], [0.2, 0.3]])).requires_grad_(True)
+    sampler = torch.log(torch.tensor([[0.5, 0.5], [0.4, 0.6]]))
+    return learner, LossInputs(learner, sampler, torch.ones(2, 2), torch.tensor([1.0, -1.0]), torch.tensor([0, 0]))
+
+
+def test_topr_paper_form_weights_by_the_whole_sequence_ratio_and_sums_token_logprobs():
+    learner, inputs = topr_batch()
+    pos, neg = math.log(0.5) + math.log(0.25), math.log(0.2) + math.log(0.3)  # log pi(y), summed
+    for mode in ("mean", "sum"):  # the paper's form does not depend on seq_logprob_mode
+        out = compute_loss(inputs, LossConfig(name="topr", kl_coef=0, seq_logprob_mode=mode))
+        # -(1/2) * (1 * (+1) * log pi(y1) + min(1, 0.25) * (-1) * log pi(y2))
+        assert out.loss.item() == pytest.approx(-(pos - 0.25 * neg) / 2, abs=1e-6)
+        (grad,) = torch.autograd.grad(out.loss, learner)
+        assert torch.allclose(grad, torch.tensor([[-0.5, -0.5], [0.125, 0.125]]), atol=1e-6)
+    assert LossConfig().topr_form == "paper"
+
+
+def test_topr_normalised_form_is_the_earlier_one():
+    learner, inputs = topr_batch()
+    pos, neg = (math.log(0.5) + math.log(0.25)) / 2, (math.log(0.2) + math.log(0.3)) / 2  # per-token means
+    out = compute_loss(inputs, LossConfig(name="topr", kl_coef=0, topr_form="normalised"))
+    # seq_logprob_mode "mean": the weight is the geometric mean 0.5, four times the paper's 0.25
+    assert out.loss.item() == pytest.approx(-(pos - 0.5 * neg) / 2, abs=1e-6)
+    out = compute_loss(inputs, LossConfig(name="topr", kl_coef=0, topr_form="normalised", seq_logprob_mode="sum"))
+    assert out.loss.item() == pytest.approx(-(pos - 0.25 * neg) / 2, abs=1e-6)
+
+
+def test_k3_penalty_keeps_float32_precision_near_on_policy():
+    from swarm.losses.kl import k3_penalty, kl_sampler_learner
+
+    def exact(d):  # exp(d) - d - 1 in float64
+        return float((torch.expm1(d.double()) - d.double()).mean())
+
+    # One token at log-ratio 1e-3: exp(x) - x - 1 in float32 is off by about 5%; expm1(x) - x by 1e-4.
+    x = torch.tensor([[1e-3]])
+    assert abs(k3_penalty(torch.zeros(1, 1), x, torch.ones(1, 1)).item() - exact(x)) / exact(x) < 1e-3
+    assert abs(kl_sampler_learner(x, torch.zeros(1, 1), torch.ones(1, 1)).item() - exact(x)) / exact(x) < 1e-3
+    assert abs(float(torch.exp(x) - x - 1) - exact(x)) / exact(x) > 1e-2  # the old form, for contrast
+    # Token log-ratio sd 0.02 over 4096 tokens at realistic log-probs (s - l is exact in float32 here).
+    gen = torch.Generator().manual_seed(0)
+    learner = -1 - torch.rand(1, 4096, generator=gen)
+    sampler = learner + 0.02 * torch.randn(1, 4096, generator=gen)
+    d = sampler - learner
+    assert torch.equal(d.double(), sampler.double() - learner.double())
+    value = k3_penalty(learner, sampler, torch.ones(1, 4096)).item()
+    assert abs(value - exact(d)) / exact(d) < 1e-7
+    assert abs(float((torch.exp(d) - d - 1).mean()) - exact(d)) / exact(d) > 3e-7  # the old form
+
+
+def test_cispo_caps_the_weight_at_scalerls_4_and_keeps_dapos_cap_as_an_option():
+    # One token with ratio 5 and A = 1: the stop-gradient weight is min(5, 4) = 4; with --eps-high 0.28,
+    # the registry's earlier cap, it is 1.28.
+    lp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    inputs = LossInputs(lp, torch.tensor([[math.log(0.1)]]), torch.ones(1, 1), torch.tensor([1.0]), torch.tensor([0]))
+    assert clip_range(LossConfig(name="cispo")) == (1.0, 3.0)
+    out = compute_loss(inputs, LossConfig(name="cispo", kl_coef=0))
+    assert out.loss.item() == pytest.approx(-4.0 * math.log(0.5), abs=1e-6)
+    assert torch.autograd.grad(out.loss, lp)[0].item() == pytest.approx(-4.0, abs=1e-6)
+    out = compute_loss(inputs, LossConfig(name="cispo", kl_coef=0, eps_high=0.28))
+    assert out.loss.item() == pytest.approx(-1.28 * math.log(0.5), abs=1e-6)
+    assert out.metrics["clip_frac"].item() == 1.0
 
 
 def test_gepo_expectation_is_per_prompt_group_not_per_batch():

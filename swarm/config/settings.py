@@ -15,7 +15,8 @@ TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly 
 GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
 # The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
 # so that option choices and config validation need no torch import.
-LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo")
+LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo", "m2po", "decoupled_ppo",
+              "tis_mis", "opsm")
 
 
 def check_listen_host(host: str) -> str:
@@ -103,7 +104,9 @@ def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
 
 class LossConfig(Settings):
     """Which policy loss to use and its knobs. Unset clip bounds take the loss's own defaults
-    (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 0.28)."""
+    (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 3, i.e. the
+    weight capped at ScaleRL's 4; M2PO and TOPR clip nothing). The fields after `max_completion_length`
+    belong to one loss each and are ignored by the others."""
 
     name: Literal[LOSS_NAMES] = setting("gepo", group="loss", help="the policy loss")  # type: ignore[valid-type]
     epsilon: Optional[float] = setting(
@@ -125,6 +128,34 @@ class LossConfig(Settings):
     max_completion_length: Optional[int] = setting(
         None, group="loss", gt=0, help="Dr.GRPO's constant normaliser: the samplers' max_completion_length "
                                         "(unset: the batch's padded width)")
+    topr_form: Literal["paper", "normalised"] = setting(
+        "paper", group="loss", help="TOPR: 'paper' (Le Roux et al.: truncation weight min(1, pi(y)/mu(y)) from the "
+                                    "whole-sequence ratio, token log-probs summed per sequence) or 'normalised' "
+                                    "(the registry's earlier form: weight from seq_logprob_mode, token log-probs averaged "
+                                    "per sequence)")
+    m2po_threshold: float = setting(
+        0.04, group="loss", gt=0, help="M2PO: the second-moment budget tau_M2 on mean (log ratio)^2 of the trust-region "
+                                       "tokens (0.04 in all of the M2PO paper's runs)")
+    behaviour_weight_cap: float = setting(
+        5.0, group="loss", gt=1, help="decoupled_ppo: tokens whose behaviour weight pi_prox/pi_behaviour exceeds this are "
+                                      "left out (AReaL's default cap, 5)")
+    tis_cap: float = setting(
+        2.0, group="loss", gt=0, help="tis_mis: token weights min(pi/mu, C) with this C (Yao et al.'s TIS and verl's presets: 2)")
+    mis_low: float = setting(
+        0.5, group="loss", ge=0, help="tis_mis: sequences whose whole-sequence ratio pi(y)/mu(y) is below this are masked "
+                                      "(verl's Seq-MIS preset: 0.5)")
+    mis_high: float = setting(
+        2.0, group="loss", gt=0, help="tis_mis: sequences whose whole-sequence ratio is above this are masked (verl: 2)")
+    opsm_delta: float = setting(
+        1e-4, group="loss", ge=0, help="opsm: negative-advantage sequences whose mean token log(mu/pi) exceeds this are "
+                                       "masked. DeepSeek-V3.2 publishes no value; 1e-4 is slime's default, TRL suggests 0.5")
+
+    @model_validator(mode="after")
+    def _mis_bounds_ordered(self):
+        if self.mis_low >= self.mis_high:
+            raise ValueError(f"mis_low {self.mis_low} must be below mis_high {self.mis_high}: sequences with a ratio "
+                             "outside [mis_low, mis_high] are masked, so this range would mask every sequence")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------

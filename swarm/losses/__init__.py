@@ -7,12 +7,14 @@
 - token_level.py     - grpo, dr_grpo, bnpo, cispo.
 - sequence_level.py  - gspo, gmpo, topr.
 - group_level.py     - gepo (the default).
+- off_policy.py      - m2po, decoupled_ppo, tis_mis, opsm: objectives built for stale rollouts (and
+                       why VCPO is not one of them).
 """
 
 from swarm.losses.base import LossInputs, LossOutputs
 from swarm.losses.registry import LOSSES, LossConfig, LossSpec, clip_range, compute_loss, register_loss
 
 # Importing the modules registers their losses.
-from swarm.losses import group_level, sequence_level, token_level  # noqa: E402,F401  isort:skip
+from swarm.losses import group_level, off_policy, sequence_level, token_level  # noqa: E402,F401  isort:skip
 
 __all__ = ["LOSSES", "LossConfig", "LossInputs", "LossOutputs", "LossSpec", "clip_range", "compute_loss", "register_loss"]

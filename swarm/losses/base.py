@@ -33,11 +33,16 @@ class LossInputs:
     mask: Tensor  # (B, T) 1 for completion tokens, 0 for padding (bool or float)
     advantages: Tensor  # (B,) one advantage per completion
     group_ids: Tensor  # (B,) integer id; completions answering the same prompt share one
+    # (B, T) log pi_prox, the proximal policy of decoupled PPO (swarm/losses/off_policy.py); no
+    # gradient. None, as the learner passes it: the learner's own log-probs before this step.
+    proximal_logprobs: Tensor | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the offending input when shapes disagree."""
         b, t = self.learner_logprobs.shape
-        for name in ("sampler_logprobs", "mask"):
+        for name in ("sampler_logprobs", "mask", "proximal_logprobs"):
+            if name == "proximal_logprobs" and self.proximal_logprobs is None:
+                continue
             if tuple(getattr(self, name).shape) != (b, t):
                 raise ValueError(
                     f"{name} has shape {tuple(getattr(self, name).shape)}, expected {(b, t)} "

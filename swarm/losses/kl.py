@@ -9,11 +9,18 @@ from torch import Tensor
 from swarm.losses.base import MAX_LOG_RATIO, local_token_mean, normalise_token_mean
 
 
+def k3(log_ratio: Tensor) -> Tensor:
+    """exp(x) - x - 1 elementwise, written expm1(x) - x: near on-policy (|x| ~ 0.01) exp(x) - 1 cancels
+    in float32 and loses most digits of a value ~x^2/2 (a per-token relative error of 1e-4 to 1, against
+    1e-6 to 1e-4 here)."""
+    return torch.expm1(log_ratio) - log_ratio
+
+
 def k3_penalty(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Token-mean of exp(s - l) - (s - l) - 1 (Schulman's k3 estimator, >= 0), with gradient through
     the learner log-probs l. Added to the loss with coefficient `beta` (LossConfig; paper: 0.005)."""
     d = (sampler_logprobs - learner_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return normalise_token_mean(torch.exp(d) - d - 1.0, mask)
+    return normalise_token_mean(k3(d), mask)
 
 
 @torch.no_grad()
@@ -21,7 +28,7 @@ def kl_sampler_learner(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask:
     """Per-token KL(q || p) estimated on tokens drawn from the sampler q: E_q[r - 1 - log r] with
     r = p / q is unbiased and never negative (k3 with the ratio the right way round)."""
     log_r = (learner_logprobs - sampler_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    return local_token_mean(torch.exp(log_r) - 1.0 - log_r, mask)
+    return local_token_mean(k3(log_r), mask)
 
 
 @torch.no_grad()

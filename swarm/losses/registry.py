@@ -74,6 +74,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
         mask=mask,
         advantages=inputs.advantages.detach().float(),
         group_ids=inputs.group_ids,
+        proximal_logprobs=None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach().float(),
     )
     policy_loss, metrics = LOSSES[config.name].fn(cast, config)
     kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask)

@@ -9,6 +9,7 @@ from torch import Tensor
 from swarm.losses.base import (
     LossInputs,
     clamped_exp,
+    masked_sum,
     mean_over_sequences,
     normalise_seq_mean,
     per_sequence_mean,
@@ -47,10 +48,12 @@ def gspo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     return clipped_sequence_loss(log_weight, inputs, config)
 
 
-# GMPO (Zhao et al., 2025): maximise sign(A) * prod_t min(r_t A, clip(r_t) A)^(1/|y|); in log space
-# the pessimistic min becomes sgn(A) * min(sgn(A) * d_t, clip(sgn(A) * d_t, -eps_low, eps_high)) on
-# the token log-ratio d_t = l - s, with eps = 0.4 (the paper's range e^-0.4..e^0.4). The clip acts
-# on log-ratios, not ratios: that is the reference implementation's mistake we do not copy.
+# GMPO (Zhao et al., 2025): maximise sign(A) * prod_t min(r_t A, clip(r_t, e^-eps_low, e^eps_high) A)^(1/|y|).
+# In log space, with the token log-ratio d_t = l - s and c_t = clip(d_t, -eps_low, eps_high), the
+# pessimistic min is min(d_t, c_t) for A > 0 and max(d_t, c_t) for A < 0 (a larger ratio is worse when
+# A < 0). The bounds apply to d_t itself whatever the sign of A: clamping the sign-adjusted -d_t
+# would swap eps_low and eps_high for negative advantages. eps = 0.4 (the paper's range e^-0.4..e^0.4).
+# The clip acts on log-ratios, not ratios: that is the reference implementation's mistake we do not copy.
 @register_loss(
     "gmpo", eps_low=0.4, eps_high=0.4, advantage_mode="std", level="sequence",
     summary="geometric mean of token ratios, token log-ratios clipped in log space (Zhao et al.)",
@@ -59,41 +62,47 @@ def gmpo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     eps_low, eps_high = clip_range(config)
     mask = inputs.mask
     adv = inputs.advantages
-    sign = torch.sign(adv)[:, None]  # (B, 1)
     log_ratio = inputs.learner_logprobs - inputs.sampler_logprobs  # (B, T)
-    signed = sign * log_ratio
-    pessimistic = torch.minimum(signed, signed.clamp(-eps_low, eps_high))
-    clipped_log_ratio = sign * pessimistic
+    bounded = log_ratio.clamp(-eps_low, eps_high)
+    positive = (adv >= 0)[:, None]  # (B, 1); A = 0 contributes nothing either way
+    clipped_log_ratio = torch.where(positive, torch.minimum(log_ratio, bounded), torch.maximum(log_ratio, bounded))
     geo_weight = clamped_exp(per_sequence_mean(clipped_log_ratio, mask))  # (B,)
     loss = -mean_over_sequences(adv * geo_weight, mask)
     valid = valid_sequences(mask)
     raw_weight = clamped_exp(per_sequence_mean(log_ratio, mask)).detach()
     mean, var = weighted_mean_var(raw_weight, valid)
-    clipped = ((pessimistic != signed) & (sign != 0)).to(mask.dtype)
+    clipped = ((clipped_log_ratio != log_ratio) & (adv != 0)[:, None]).to(mask.dtype)
     clip_frac = (clipped * mask).sum() / mask.sum().clamp(min=1)
     return loss, {"is_weight_mean": mean, "is_weight_var": var, "clip_frac": clip_frac}
 
 
-# TOPR (Le Roux et al., 2025): positive-advantage sequences get the plain REINFORCE gradient
-# A * grad log pi (no importance weight); negative ones are weighted by the truncated ratio
-# sg(min(1, pi / q)). The per-token REINFORCE terms are averaged like GRPO's (mean over a
-# sequence's tokens, then over sequences) so that losses are comparable across the registry.
+# TOPR (Le Roux et al., 2025, arXiv:2503.14286): maximise
+#     sum_{A_i >= 0} A_i log pi(y_i)  +  sum_{A_i < 0} sg(min(1, pi(y_i) / mu(y_i))) A_i log pi(y_i)
+# over the batch (averaged over sequences), where log pi(y) = sum_t log pi(y_t | ...) and the ratio is
+# the whole sequence's, exp(sum_t (l - s)): no importance weight for positive advantages, a truncated
+# one for negative ones. The paper has no clip range to set. That form is the default
+# (`topr_form="paper"`); `topr_form="normalised"` keeps the registry's earlier variant, whose ratio
+# follows `seq_logprob_mode` ("mean": a per-token geometric mean, which truncates far less) and whose
+# per-token terms are averaged like GRPO's (mean over a sequence's tokens, then over sequences).
 @register_loss(
     "topr", eps_low=0.0, eps_high=0.0, advantage_mode="std", level="sequence",
-    summary="tapered off-policy REINFORCE: weight 1 for A >= 0, sg(min(1, p/q)) for A < 0 (Le Roux et al.)",
+    summary="tapered off-policy REINFORCE: weight 1 for A >= 0, sg(min(1, p(y)/q(y))) for A < 0 (Le Roux et al.)",
 )
 def topr_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     mask = inputs.mask
     adv = inputs.advantages
-    mode = config.seq_logprob_mode
+    paper = config.topr_form == "paper"
+    mode = "sum" if paper else config.seq_logprob_mode
     log_ratio = sequence_logprob(inputs.learner_logprobs, mask, mode) - sequence_logprob(
         inputs.sampler_logprobs, mask, mode
     )
     ratio = clamped_exp(log_ratio).detach()  # (B,)
     negative = adv < 0
     weight = torch.where(negative, ratio.clamp(max=1.0), torch.ones_like(ratio))
-    objective = (weight * adv)[:, None] * inputs.learner_logprobs  # (B, T)
-    loss = -normalise_seq_mean(objective, mask)
+    if paper:
+        loss = -mean_over_sequences(weight * adv * masked_sum(inputs.learner_logprobs, mask, -1), mask)
+    else:
+        loss = -normalise_seq_mean((weight * adv)[:, None] * inputs.learner_logprobs, mask)
     valid = valid_sequences(mask)
     mean, var = weighted_mean_var(ratio, valid)
     truncated = (negative & (ratio > 1.0)).to(mask.dtype)

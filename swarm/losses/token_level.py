@@ -58,11 +58,14 @@ def bnpo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
     return _clipped_token_loss(inputs, config, normalise_token_mean)
 
 
-# CISPO (MiniMax-M1, 2025): J = 1/sum|o_i| * sum_i sum_t sg(clip(r_it, 1 - eps_low, 1 + eps_high))
-# * A_i * log pi(y_it). MiniMax-M1 sets no effective lower bound (eps_low = 1 -> clip at 0) and
-# tunes only the upper one; 0.28 is DAPO's clip-higher value, a common choice for it.
+# CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4): J = 1/sum|o_i| * sum_i sum_t sg(clip(r_it, 1 - eps_low,
+# 1 + eps_high)) * A_i * log pi(y_it). MiniMax-M1 sets no effective lower bound (eps_low large: here 1,
+# a clip at 0) and tunes only the upper one without publishing its value. ScaleRL (Khatri et al.,
+# arXiv:2510.13786), which adopts CISPO, writes the weight as sg(min(r_it, eps_max)) with eps_max = 4:
+# an absolute cap, so eps_high = 3 here (1 + 3 = 4). The registry's earlier cap, 1 + 0.28 (DAPO's
+# clip-higher value, borrowed), remains one option away: --eps-high 0.28.
 @register_loss(
-    "cispo", eps_low=1.0, eps_high=0.28, advantage_mode="std", level="token",
+    "cispo", eps_low=1.0, eps_high=3.0, advantage_mode="std", level="token",
     summary="stop-gradient clipped token weight times A * log pi; no token's gradient is dropped (MiniMax-M1)",
 )
 def cispo_loss(inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
