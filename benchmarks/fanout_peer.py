@@ -65,8 +65,14 @@ def learner(args) -> None:
             with store.lock:
                 version = store.latest
                 digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
-            fabric.announce(version, digest, recent=recent, chunks=store.chunk_specs(version) if args.chunked else ())
+            # as the learner peer does: the delta's spec at once, the snapshot's at the next beat (the
+            # first version, which every receiver fetches as a snapshot, is announced with it)
+            chunks = store.chunk_specs(version, quick=version > 0) if args.chunked else []
+            fabric.announce(version, digest, recent=recent, chunks=chunks)
             fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
+            if args.chunked and not any(spec.kind == "snapshot" for spec in chunks):
+                store.chunk_specs(version)
+                pulse.poke()
 
     store.add(0, staged[0])
     server = fabric.weight_server(store)

@@ -148,9 +148,13 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         with store.lock:
             version = store.latest
             digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
-        fabric.announce(version, digest, sampling, recent, store.chunk_specs(version))
+        chunks = store.chunk_specs(version, quick=True)
+        fabric.announce(version, digest, sampling, recent, chunks)
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds))
+        if not any(spec.kind == "snapshot" for spec in chunks) and pulse is not None:
+            store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
+            pulse.poke()
 
     def publish() -> None:
         state = {k: (v.detach().to(publish_dtype) if v.is_floating_point() else v.detach()) for k, v in model.state_dict().items()}

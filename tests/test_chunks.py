@@ -275,3 +275,17 @@ def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_str
         for sampler in samplers:
             sampler.close()
         server.close()
+
+
+def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_computed():
+    v0, v1 = versions()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    store.add(0, v0)
+    store.add(1, v1)
+    quick = store.chunk_specs(1, quick=True)
+    assert [spec.kind for spec in quick] == ["delta"] and quick[0].size == len(store.deltas[1])
+    full = store.chunk_specs(1)
+    assert [spec.kind for spec in full] == ["delta", "snapshot"]
+    assert store.chunk_specs(1, quick=True) == full  # cached now
+    assert store.payload("snapshot", 0) is None  # an older version's snapshot is not encoded for whoever asks

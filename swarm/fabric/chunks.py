@@ -167,6 +167,12 @@ class ChunkBook:
         found = self._complete(kind, version, None)
         return found[0] if found else None
 
+    def cached_spec(self, kind: str, version: int) -> ChunkSpec | None:
+        """The spec of a payload whose manifest was computed already (None: not yet)."""
+        with self._cond:
+            found = self._manifests.get((kind, version))
+        return found[0] if found else None
+
     def _complete(self, kind: str, version: int, root: str | None) -> tuple[ChunkSpec, bytes, bytes] | None:
         payload = self._payload_of(kind, version)
         if payload is None:

@@ -24,7 +24,6 @@ import msgpack
 import torch
 
 from swarm.fabric.chunks import (
-    KINDS,
     MAX_WAITERS,
     SLOT_WAIT_S,
     ChunkBook,
@@ -243,10 +242,15 @@ class VersionStore:
                 return None
         return self._snapshot_of(version, state)
 
-    def chunk_specs(self, version: int) -> list[ChunkSpec]:
+    def chunk_specs(self, version: int, *, quick: bool = False) -> list[ChunkSpec]:
         """The chunk specs of the delta to `version` (when held) and of its snapshot: what a
-        learner announces (hashed once per payload: ChunkBook caches them)."""
-        return [spec for spec in (self.book.spec(kind, version) for kind in KINDS) if spec is not None]
+        learner announces (hashed once per payload: ChunkBook caches them). `quick`: the delta's
+        (hashing a delta is cheap) and the snapshot's only when already computed (encoding and
+        hashing a whole model takes seconds for a real one: samplers one version behind, nearly
+        all of them, need not wait for it)."""
+        specs = [self.book.spec("delta", version)]
+        specs.append(self.book.cached_spec("snapshot", version) if quick else self.book.spec("snapshot", version))
+        return [spec for spec in specs if spec is not None]
 
 
 def snapshot_bytes(state: Mapping[str, torch.Tensor]) -> int:
