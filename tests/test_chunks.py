@@ -289,3 +289,26 @@ def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_c
     assert [spec.kind for spec in full] == ["delta", "snapshot"]
     assert store.chunk_specs(1, quick=True) == full  # cached now
     assert store.payload("snapshot", 0) is None  # an older version's snapshot is not encoded for whoever asks
+
+
+class NothingHeld:
+    """A weight client whose every holder answers "not held"."""
+
+    def piece(self, holder, spec, index, wait_s=0.0):
+        raise KeyError(f"{holder} holds nothing")
+
+
+def test_a_fetch_whose_holders_all_lack_the_payload_fails_at_once_rather_than_spinning():
+    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources
+
+    data = payload(4 * CHUNK)
+    spec, manifest = spec_of("snapshot", 3, data, CHUNK)
+    book = ChunkBook(lambda kind, version: None, CHUNK)
+    fetch = ChunkedFetch(NothingHeld(), book, spec, ChunkSources(["relay", "learner"], ["me"]), "me",
+                         unreachable=(ConnectionError,), on_corrupt=lambda peer, exc: None)
+    fetch._manifest = lambda: (manifest, spec.digests(manifest, "x"))  # the manifest came; then every holder lost it
+    started = time.monotonic()
+    with pytest.raises(ChunkedFetchFailed, match="whole holders left: 0 of 2"):
+        fetch.run()
+    assert time.monotonic() - started < 3
+    assert book.lookup("snapshot", 3, spec.root, None, 0.0) is None  # the partial is no longer served

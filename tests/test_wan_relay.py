@@ -51,8 +51,9 @@ def test_samplers_relay_versions_within_the_learners_upload_budget(tmp_path, tra
     fetched_bytes = sum(f["bytes"] for f in fetches)
     print(f"{len(fetches)} fetches ({fetched_bytes} bytes), {len(relayed)} relayed; the learner uploaded {uploaded} bytes")
     assert relayed, fetches
-    # in chunks, each sampler takes a third of each version from the learner: well under the total
-    assert uploaded < 0.75 * fetched_bytes, (uploaded, fetched_bytes)
+    # relays and stripes: the learner uploads less than the samplers receive (a sampler that falls
+    # more than one version behind still takes a chain or snapshot whole, often from the learner)
+    assert uploaded < fetched_bytes, (uploaded, fetched_bytes)
 
 
 def start_holder(swarm: WanSwarm, host, name: str, addr: str, transport: str, *options: str) -> tuple:

@@ -39,7 +39,7 @@ WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default up
 SHARED_WORKERS = 4  # requests at once to other stripes' owners
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
-STALL_S = 60.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
+STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -85,6 +85,7 @@ class ChunkedFetch:
         self._dead: set[str] = set()  # peers not asked again in this fetch
         self._misses: Counter[str] = Counter()
         self._failures: Counter[str] = Counter()
+        self._busy_answers: Counter[str] = Counter()
         self._progress = time.monotonic()  # when the last chunk was kept
         self._cond = threading.Condition()
         self._from_whole: deque[int] = deque()
@@ -112,7 +113,9 @@ class ChunkedFetch:
             if not partial.complete:
                 raise ChunkedFetchFailed(f"{partial.missing} of {self.spec.count} chunks of {self.spec.kind} "
                                          f"{self.spec.version} could not be fetched (whole holders left: "
-                                         f"{len(self._alive())} of {len(self.whole)})")
+                                         f"{len(self._alive())} of {len(self.whole)}; busy answers: "
+                                         f"{sum(self._busy_answers.values())}, failures: {sum(self._failures.values())}, "
+                                         f"misses: {sum(self._misses.values())})")
             return partial
         except BaseException:
             self.book.end(partial)
@@ -140,6 +143,8 @@ class ChunkedFetch:
         queue = self._from_whole if whole else self._from_owners
         with self._cond:
             while time.monotonic() < min(self.deadline, self._progress + STALL_S) and not self.partial.complete:
+                if whole and not self._alive():
+                    return None  # no whole holder left to ask: the chunks queued for them cannot come
                 while queue and self.partial.have[queue[0]]:
                     queue.popleft()
                 if queue:
@@ -148,8 +153,6 @@ class ChunkedFetch:
                 if not whole and not self._from_owners:
                     return None  # the owners' chunks are all handed out; the whole holders' workers finish
                 if whole and not self._from_owners and self._busy == 0 and not self._from_whole:
-                    return None
-                if whole and not self._alive():
                     return None
                 self._cond.wait(0.2)
             return None
@@ -184,6 +187,7 @@ class ChunkedFetch:
         try:
             data = self.client.piece(peer, self.spec, index, wait_s)
         except HolderBusy:
+            self._busy_answers[peer] += 1
             return None
         except CorruptVersion as exc:
             self._strike(peer, exc)

@@ -119,6 +119,7 @@ class VersionFollower:
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
         self.stop = threading.Event()
         self._failures = 0
+        self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
         self._thread.start()
@@ -187,7 +188,9 @@ class VersionFollower:
         try:
             partial = fetch.run()
         except ChunkedFetchFailed as exc:
-            logger.info("version %d in chunks failed (%s); fetching it whole", ann.version, exc)
+            self._chunk_failures += 1
+            log = self.echo if self._chunk_failures in (1, 10) or self._chunk_failures % 100 == 0 else logger.info
+            log(f"version {ann.version} in chunks failed ({exc}); fetching it whole")
             return None
         try:
             result = self.client.rebuild(max(fetch.received, key=fetch.received.get), latest if kind == "delta" else None,
