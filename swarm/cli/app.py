@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from swarm import __version__
+from swarm.cli.dashboard import dashboard_command
 from swarm.cli.local_commands import demo_command, eval_command
 from swarm.cli.peer_commands import bootstrap_command, learner_command, sampler_command, status_command
 
@@ -16,5 +17,6 @@ def main() -> None:
     """GEPO Swarm: peer-to-peer RL post-training of language models."""
 
 
-for command in (bootstrap_command, learner_command, sampler_command, status_command, eval_command, demo_command):
+for command in (bootstrap_command, learner_command, sampler_command, status_command, dashboard_command, eval_command,
+                demo_command):
     main.add_command(command)

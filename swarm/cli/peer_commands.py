@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -71,7 +73,7 @@ def sampler_command(config_file, **options):
                f"{result['version']}; refused by the learner: {result['refused'] or 'none'}; run directory {result['run_dir']}")
 
 
-def _swarm_option(name: str, **kwargs):
+def swarm_option(name: str, **kwargs):
     """An option spelled, described and defaulted as in learner and sampler (from SwarmSettings)."""
     default = default_of(SwarmSettings, name)
     return click.option(f"--{name.replace('_', '-')}", name, help=SwarmSettings.model_fields[name].description,
@@ -80,42 +82,57 @@ def _swarm_option(name: str, **kwargs):
 
 
 @click.command("status", cls=GroupedCommand)
-@_swarm_option("peers", multiple=True, required=True)
-@_swarm_option("run_id")
-@_swarm_option("transport", type=click.Choice(TRANSPORTS))
+@swarm_option("peers", multiple=True, required=True)
+@swarm_option("run_id")
+@swarm_option("transport", type=click.Choice(TRANSPORTS))
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print JSON for scripts")
 @click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
               help="refresh every this many seconds")
 def status_command(peers, run_id, transport, as_json, watch):
     """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer."""
+    with observe_swarm(transport, run_id, peers) as observer:
+        try:
+            while True:
+                learner_version, rows = status_rows(observer.now(), observer.members())
+                if as_json:
+                    click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
+                else:
+                    _print_status(run_id, learner_version, rows)
+                if not watch:
+                    break
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            pass
+
+
+@contextmanager
+def observe_swarm(transport: str, run_id: str, peers) -> Iterator:
+    """An observer of the swarm (`swarm.fabric.transports.observe`: it reads records and announcements
+    and takes no part), shut down on exit; a swarm that cannot be reached is a one-line error.
+    `swarm status` and `swarm dashboard` look at the swarm through this."""
     from swarm.fabric.transports import observe
 
     with user_errors(*_join_failures()):
         observer = observe(transport, run_id=run_id, peers=list(peers))
     try:
-        while True:
-            now = observer.now()
-            members = observer.members()
-            learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
-            rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
-                     "staleness": None if learner_version is None else learner_version - m.record.version,
-                     "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
-                     "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software,
-                     "holds": list(m.record.holds),
-                     "last_fetch": None if m.record.fetch_version < 0 else {
-                         "version": m.record.fetch_version, "source": m.record.fetch_from, "bytes": m.record.fetch_bytes,
-                         "seconds": m.record.fetch_s}} for m in members]
-            if as_json:
-                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
-            else:
-                _print_status(run_id, learner_version, rows)
-            if not watch:
-                break
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        pass
+        yield observer
     finally:
         observer.shutdown()
+
+
+def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
+    """The learner's version (the newest a learner's record holds; None without a learner) and one
+    row per member, as `swarm status --json` prints them. Every string in a row is the peer's own."""
+    learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
+    rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
+             "staleness": None if learner_version is None else learner_version - m.record.version,
+             "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
+             "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software,
+             "holds": list(m.record.holds),
+             "last_fetch": None if m.record.fetch_version < 0 else {
+                 "version": m.record.fetch_version, "source": m.record.fetch_from, "bytes": m.record.fetch_bytes,
+                 "seconds": m.record.fetch_s}} for m in members]
+    return learner_version, rows
 
 
 def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
