@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from swarm.dashboard import DashboardServer, Poller, Reading, SwarmView
 from swarm.dashboard.runs import RunDirs
 from swarm.dashboard.state import KEEP_STEPS, MAX_POINTS, MAX_VERSIONS, StepSeries
+from swarm.fabric.dht import free_port
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -250,12 +250,6 @@ def browser_or_skip():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,2200"):
         options.add_argument(arg)
     return webdriver.Chrome(service=Service(driver), options=options)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(condition, timeout_s, what):

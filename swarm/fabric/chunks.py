@@ -207,10 +207,6 @@ class ChunkBook:
                 del self._partials[(partial.spec.kind, partial.spec.version)]
         partial.close()
 
-    def receiving(self) -> list[ChunkSpec]:
-        with self._cond:
-            return [p.spec for p in self._partials.values()]
-
     def lookup(self, kind: str, version: int, root: str, index: int | None, wait_s: float) -> bytes | None:
         """The manifest (index None) or chunk `index` of the payload with `root`, from a complete
         payload or a partial one; waiting up to `wait_s` (at most MAX_WAIT_S, and only while fewer
