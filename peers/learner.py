@@ -14,6 +14,7 @@ holding the lost versions see a newer version and fetch it in full.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import threading
 import time
@@ -43,12 +44,41 @@ def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
     return run_dir, found
 
 
+def join_team(config: LearnerConfig, fabric, core, events, echo):
+    """This learner's LearnerTeam (swarm.team) over hivemind; None over gRPC, which has no
+    averaging (a --certificate there is refused). Checks the certificate names this learner and run."""
+    from swarm.fabric.authority import parse, read_certificate
+    from swarm.fabric.identity import encode_learner_key
+    from swarm.team import LearnerTeam, float32_hash
+
+    certificate = read_certificate(config.certificate) if config.certificate else ""
+    if fabric.transport != "hivemind":
+        if certificate:
+            raise ValueError("--certificate: several learners average gradients through hivemind; use --transport hivemind")
+        return None
+    if certificate:
+        cert = parse(certificate)
+        if cert.learner != fabric.public_key:
+            raise ValueError(f"--certificate was issued for another learner key; this learner's key is "
+                             f"{encode_learner_key(fabric.public_key)} (its --identity-dir): ask the run owner for "
+                             f"`swarm authorize --learner-key {encode_learner_key(fabric.public_key)} --run-id {config.run_id}`")
+        if cert.run_id != config.run_id:
+            raise ValueError(f"--certificate is for run '{cert.run_id}', not '{config.run_id}'")
+        fabric.certificate = certificate
+    team = LearnerTeam(fabric, core, frozenset({parse(certificate).owner if certificate else fabric.public_key}),
+                       weights_hash=lambda: float32_hash(core.model), averaging_timeout_s=config.averaging_timeout_s,
+                       events=events, echo=echo)
+    team.joining = bool(certificate)
+    return team
+
+
 def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
     import torch
 
     from swarm.checkpoint import load_verified, save_checkpoint
     from swarm.config import write_config
     from swarm.fabric.bans import PeerBans
+    from swarm.fabric.interface import JoinError
     from swarm.fabric.identity import encode_learner_key
     from swarm.fabric.pulse import Pulse
     from swarm.fabric.records import Heartbeat, RunSampling
@@ -62,7 +92,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.signals import install_stop_signals
     from swarm.tasks import load_problems
     from swarm.fabric.wire import WireLimits
-    from swarm.training import LearnerCore, NonFiniteStep
+    from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
     from swarm.verification import LogprobVerifier
 
     stop = stop or threading.Event()
@@ -95,11 +125,21 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     answers = {p.problem_id: p.answer for p in load_problems(config.task, config.task_options(), tokenizer=tokenizer)}
     made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    fabric = None
     try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
         write_config(config, run_dir / "config.yaml")
         if not resume_from:
             events = EventLog(run_dir)
         fabric = join_with(config, "learner")
+        team = join_team(config, fabric, core, events, echo)
+        if team is not None and team.joining and not team.wait_for_others(3 * fabric.heartbeat_s + 5):
+            echo(f"no other learner of run '{config.run_id}' is up: this one starts it")  # an offline owner's first learner
+        elif team is not None and team.joining:  # one more learner: the run's state first, then its versions
+            echo(f"joining run '{config.run_id}' as one more learner: downloading the state of a running learner")
+            if not team.catch_up(max(60.0, 2 * config.averaging_timeout_s), beat_s=fabric.heartbeat_s, beat=lambda: fabric.heartbeat(
+                    Heartbeat(role="learner", model=config.model, version=core.version, certificate=fabric.certificate))):
+                raise JoinError(f"no learner of run '{config.run_id}' served its state; check that the run owner's learner "
+                                "is running and reachable through --peers, and that --certificate was issued for this run")
         if resume_from:
             own = fabric.latest_announced([fabric.public_key])
             newest = max(v for v in (published_version(run_dir), own.version if own else None, resume_from.version) if v is not None)
@@ -128,15 +168,20 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                              temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=verifier,
                              banned=lambda peer: inbox.bans.remaining(peer) > 0)
         learner_key = encode_learner_key(fabric.public_key)
-        (run_dir / "learner.key").write_text(learner_key + "\n")  # for `swarm sampler --learner-key-file`
+        # samplers pin the run's owner key: this learner's own, or the one that certified it
+        run_key = encode_learner_key(team.owner) if team is not None else learner_key
+        (run_dir / "learner.key").write_text(run_key + "\n")  # for `swarm sampler --learner-key-file`
         write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
-                    addresses=fabric.addresses(), learner_key=learner_key)
+                    addresses=fabric.addresses(), learner_key=run_key, own_key=learner_key,
+                    owner_key_file=str(fabric.signing_key_path) if fabric.signing_key_path and run_key == learner_key else None)
     except BaseException:
+        if fabric is not None:  # its DHT and averager processes would outlive this one
+            fabric.shutdown()
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
-    echo(f"samplers join with: --learner-key {learner_key}")
+    echo(f"samplers join with: --learner-key {run_key}")
     for addr in fabric.addresses():
         echo(f"  --peers {addr}")
 
@@ -151,7 +196,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         chunks = store.chunk_specs(version, quick=True)
         fabric.announce(version, digest, sampling, recent, chunks)
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
-                                   rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds))
+                                   rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds,
+                                   certificate=getattr(fabric, "certificate", "")))
+        if team is not None:
+            team.refresh(start=False)  # lets new learners in; the training loop starts averaging
         if not any(spec.kind == "snapshot" for spec in chunks) and pulse is not None:
             store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
             pulse.poke()
@@ -199,15 +247,37 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     last_step = time.time()
     try:
         while core.version < config.steps and not stop.is_set():
-            batch, deadline = [], time.time() + config.wait_s
-            while len(batch) < config.groups_per_step and time.time() < deadline and not stop.is_set():
+            # several learners: each gathers its share of the run's batch, and goes to the round in time
+            learners = team.refresh() if team is not None else 1
+            share = max(1, math.ceil(config.groups_per_step / learners))
+            gather_s = min(config.wait_s, config.averaging_timeout_s / 2) if learners > 1 else config.wait_s
+            batch, deadline = [], time.time() + gather_s
+            while len(batch) < share and time.time() < deadline and not stop.is_set():
                 group = inbox.get(timeout=1.0)
                 if group is not None and intake.accept(group, core.version):
                     batch.append(group)
+            if not batch and team is not None and team.group is not None and not stop.is_set():
+                try:  # no groups here: take the others' step all the same, so as to stay in step
+                    metrics = core.step_with_group()
+                except NothingToStep:
+                    metrics = None
+                except OutOfStep as exc:
+                    events.event("out_of_step", version=core.version, reason=str(exc))
+                    echo(f"out of step with the other learners ({exc}); downloading the run's state")
+                    if team.catch_up(2 * config.averaging_timeout_s):
+                        publish()
+                    continue
+                if metrics is not None:
+                    publish()
+                    steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], team=dict(team.stats),
+                               weights_hash=store.hashes[core.version])
+                    last_step = time.time()
+                    echo(f"step {core.version}: on the other learners' groups only")
+                    continue
             if not batch:
                 if not stop.is_set():
-                    events.event("waiting", seconds=config.wait_s, version=core.version)
-                    echo(f"no rollouts for {config.wait_s:.0f}s; waiting for samplers")
+                    events.event("waiting", seconds=round(gather_s, 1), version=core.version)
+                    echo(f"no rollouts for {gather_s:.0f}s; waiting for samplers")
                 continue
             try:
                 metrics = core.step(batch)
@@ -216,14 +286,22 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                 events.event("skipped_step", version=core.version, reason=str(exc), groups=len(batch))
                 echo(f"warning: {exc}")
                 continue
+            except OutOfStep as exc:  # another learner is ahead or holds other weights: take the run's state
+                events.event("out_of_step", version=core.version, reason=str(exc))
+                echo(f"out of step with the other learners ({exc}); downloading the run's state")
+                if team.catch_up(2 * config.averaging_timeout_s):
+                    publish()
+                continue
             totals["used"] += len(batch)
             totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
             publish()
             steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
+                       weights_hash=store.hashes[core.version],
                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                        skipped_steps=totals["skipped_steps"], verified=verifier.checked,
                        verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
-                       uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused)
+                       uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
+                       **({"team": dict(team.stats)} if team is not None else {}))
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")
@@ -246,6 +324,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         raise
     finally:
         pulse.close()
+        if team is not None:
+            team.close()
         steps.close()
         inbox.close()
         server.close()

@@ -162,20 +162,23 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
             tokens = sum(g.num_tokens() for g in groups)
             tokens_total += tokens
             done += 1
+            # several learners train the run: each round's groups go to the next of them (each group is used once)
+            learners = follower.learner_peers or (follower.learner_peer,)
+            learner = learners[done % len(learners)]
             try:
-                acks = sender.send(follower.learner_peer, groups)
+                acks = sender.send(learner, groups)
             except unreachable as exc:  # fault-tolerance boundary: the learner may be restarting
                 refused["learner unreachable"] += len(groups)
-                events.event("sent", learner=follower.learner_peer, version=current, groups=len(groups), accepted=0,
+                events.event("sent", learner=learner, version=current, groups=len(groups), accepted=0,
                              refused={"learner unreachable": len(groups)}, tokens=tokens)
-                echo(f"{sampler_id}: learner {follower.learner_peer} unreachable ({type(exc).__name__}); retrying")
+                echo(f"{sampler_id}: learner {learner} unreachable ({type(exc).__name__}); retrying")
                 stop.wait(2.0)
                 continue
             accepted = sum(bool(a.get("ok")) for a in acks)
             sent += accepted
             round_refused = Counter(a.get("reason", "?") for a in acks if not a.get("ok"))
             refused.update(round_refused)
-            events.event("sent", learner=follower.learner_peer, version=current, groups=len(groups), accepted=accepted,
+            events.event("sent", learner=learner, version=current, groups=len(groups), accepted=accepted,
                          refused=dict(round_refused), tokens=tokens)
             now = time.time()
             status.update(sent=sent, tokens_per_s=tokens_total / max(now - started_at, 1e-6))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -17,9 +17,19 @@ from swarm.logprobs import completion_logprobs
 from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.losses.base import BatchTotals, batch_totals
+from swarm.losses.diagnostics import StepDiagnostics
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
+
+
+class OutOfStep(RuntimeError):
+    """Another learner of the run holds a newer or different state: this one must download it
+    before it steps again (nothing was changed)."""
+
+
+class NothingToStep(RuntimeError):
+    """No rollouts here and no gradient from the other learners: no step was taken."""
 
 
 class NonFiniteStep(RuntimeError):
@@ -127,6 +137,28 @@ class LearnerCore:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=betas,
                                            eps=adam_epsilon)
         self.version = version
+        # several learners: called with (gradients, rows, version) after backward, before clipping; returns
+        # an object with .grads (the group's mean gradient, or None to step on this learner's own),
+        # .resync/.reason (this learner is out of step: OutOfStep is raised, nothing changes) and .metrics
+        self.gradient_averager: Callable | None = None
+        self.update_lock = contextlib.nullcontext()
+        self._diagnostics_state: dict = {}  # the previous step's gradient and update, for step_diagnostics
+
+    # Per-step gradient and movement diagnostics (swarm/losses/diagnostics.py: StepDiagnostics): the
+    # positive- and negative-advantage parts' gradient norms, the update's size and direction, KL by
+    # staleness. Off: they cost three extra backward passes and one forward. Set True to turn on
+    # (benchmarks/gepo_weak_spot.py does, for the whole process).
+    step_diagnostics: bool = False
+
+    @torch.no_grad()
+    def _logprobs_after_step(self, key):
+        batch, temperature, top_k, top_p = key
+        dev = self.device
+        with self._autocast():
+            return completion_logprobs(
+                self.model, batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
+                batch.completion_mask.to(dev), temperature=temperature, top_k=top_k, top_p=top_p,
+                chunk=self.logprob_chunk)
 
     @classmethod
     def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
@@ -137,6 +169,48 @@ class LearnerCore:
                    adam_epsilon=settings.adam_epsilon, micro_batch_groups=settings.micro_batch_groups,
                    micro_batch_tokens=settings.micro_batch_tokens, logprob_chunk=settings.logprob_chunk,
                    gradient_checkpointing=settings.gradient_checkpointing, **kwargs)
+
+    def _average_with_group(self, rows: int, sums: dict) -> dict:
+        """Hands this step's gradient to `gradient_averager` (see its attribute) and puts the group's
+        mean gradient in its place. A non-finite local gradient is sent as no rows: the others' step
+        goes on, and this learner takes it too, staying in step."""
+        params = list(self.model.parameters())
+        grads = [p.grad for p in params]
+        finite = math.isfinite(sums.get("loss", 0.0)) and all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+        outcome = self.gradient_averager(grads if finite else [None] * len(params), rows if finite else 0, self.version)
+        if outcome.resync:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise OutOfStep(outcome.reason)
+        if outcome.grads is not None:
+            for p, g in zip(params, outcome.grads):
+                p.grad = g.to(device=p.device, dtype=p.dtype)
+            if not finite:
+                sums["loss"] = 0.0  # this learner's loss was not; the group's gradient is
+        return outcome.metrics
+
+    def step_with_group(self) -> dict[str, float]:
+        """Several learners: a step on the group's gradient alone, by a learner that has no groups of
+        its own this round (it stays in step with the others). Raises NothingToStep when no other
+        learner brought a gradient, OutOfStep when this learner must download the run's state."""
+        if self.gradient_averager is None:
+            raise ValueError("a learner step needs at least one rollout group")
+        started = time.time()
+        learning_rate = self.learning_rate * warmup_factor(self.version, self.lr_warmup_steps)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = learning_rate
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self._average_with_group(0, {"loss": 0.0})
+        if all(p.grad is None for p in self.model.parameters()):
+            raise NothingToStep("no learner of the group had rollouts this round")
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+        with self.update_lock:
+            self.optimizer.step()
+            self.version += 1
+        return {**metrics, "grad_norm": float(grad_norm), "learning_rate": learning_rate, "groups": 0.0,
+                "completion_tokens": 0.0, "version": float(self.version), "step": self.version,
+                "optimizer_seconds": time.time() - started}
 
     @property
     def device(self) -> torch.device:
@@ -164,6 +238,7 @@ class LearnerCore:
         self.optimizer.zero_grad(set_to_none=True)
         totals = totals_of(groups)
         sums: dict[str, float] = {}
+        diagnostics = StepDiagnostics(self.model, self.loss, self._diagnostics_state) if self.step_diagnostics else None
         fresh_gap, fresh_tokens = 0.0, 0  # sampler-learner log-prob gap on groups of the current version
         dev = self.device
         for chunk in plan_micro_batches(groups, self.micro_batch_groups, self.micro_batch_tokens):
@@ -178,7 +253,10 @@ class LearnerCore:
                 )
             sampler = batch.sampler_logprobs.to(dev)
             with batch_totals(totals):
-                out = compute_loss(LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev)), self.loss)
+                inputs = LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev))
+                out = compute_loss(inputs, self.loss)
+                if diagnostics is not None:  # extra gradients of the loss's parts, before backward frees the graph
+                    diagnostics.micro_batch(inputs, self.version - batch.versions.to(dev), (batch, temperature, top_k, top_p))
             out.loss.backward()
             share = batch.completion_ids.size(0) / totals.rows
             for k, v in out.metrics_as_floats().items():
@@ -186,6 +264,8 @@ class LearnerCore:
             fresh = (batch.versions.to(dev) == self.version)[:, None] * mask
             fresh_gap += float(((learner.detach().float() - sampler).abs() * fresh).sum())
             fresh_tokens += int(fresh.sum())
+        if self.gradient_averager is not None:  # several learners: the group's mean gradient replaces ours
+            sums.update(self._average_with_group(totals.rows, sums))
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         )
@@ -194,10 +274,15 @@ class LearnerCore:
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteStep(f"step from version {self.version}: loss {sums.get('loss')}, gradient norm {float(grad_norm)}; "
                                 "skipped", {**sums, "grad_norm": float(grad_norm)})
-        self.optimizer.step()
         staleness = [self.version - g.version for g in groups]
         rewards = [r for g in groups for r in g.rewards if r is not None]
-        self.version += 1
+        if diagnostics is not None:
+            diagnostics.before_update()
+        with self.update_lock:  # another thread may copy the weights and optimizer state (swarm.team)
+            self.optimizer.step()
+            self.version += 1
+        if diagnostics is not None:
+            sums.update(diagnostics.finish(self._logprobs_after_step))
         sums.update(
             grad_norm=float(grad_norm),
             learning_rate=learning_rate,

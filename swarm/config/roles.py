@@ -71,6 +71,13 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
     ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
     ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
     ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
+    certificate: Optional[str] = setting(
+        None, group="swarm", help="join the run as one more learner: the run owner's certificate for this learner's key "
+                                  "(`swarm authorize` prints it; the token or a file holding it). Unset: this learner "
+                                  "owns the run, and its key is the one samplers pin")
+    averaging_timeout_s: float = setting(
+        30.0, group="swarm", gt=0, help="several learners: how long a step waits for the others' gradients before it "
+                                        "steps alone (those left out then download the state and catch up)")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
     verify_fraction: float = setting(

@@ -115,6 +115,7 @@ class VersionFollower:
         self.ready_at: dict[int, float] = {}
         self.newest: int | None = None  # newest version announced
         self.learner_peer: str | None = None  # the peer that announced it
+        self.learner_peers: tuple[str, ...] = ()  # every learner announcing it: where rollouts may go
         self.sampling = None  # the run's sampling settings (RunSampling), as last announced
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
         self.stop = threading.Event()
@@ -214,6 +215,7 @@ class VersionFollower:
                 ann = None
             if ann is not None:
                 self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
+                self.learner_peers = ann.peers or (ann.peer_id,)
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
                         fetched = self._fetch(ann, unreachable)

@@ -30,6 +30,7 @@ class HivemindFabric:
         self.dht, self.validator, self.run_id = dht, validator, run_id
         self.announced, self.upload_slots, self.client_mode = list(announced), upload_slots, client_mode
         self._owned: list = []  # inboxes, servers and clients made here: closed on shutdown
+        self.certificate = ""  # a learner other than the run owner: the owner's certificate, carried in announcements
         self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
 
     @property
@@ -70,7 +71,14 @@ class HivemindFabric:
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
         from swarm.fabric.versions import announce
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks)
+        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks,
+                        certificate=self.certificate)
+
+    def learner_group(self, parameters, **options):
+        """This learner's place in the run's gradient-averaging group (several learners)."""
+        from swarm.fabric.learner_group import LearnerGroup
+
+        return self._own(LearnerGroup(self.dht, self.run_id, parameters, **options))
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
         from swarm.fabric.versions import latest_announced

@@ -44,6 +44,13 @@ def load_or_create_signing_key(path: Path):
     return key
 
 
+def load_existing_signing_key(path: Path):
+    """The RSAPrivateKey in `path`, which must exist (a run owner's key is never made by accident)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no signing key at {path}; the first learner's ready.json names its owner_key_file")
+    return load_or_create_signing_key(path)
+
+
 _held_locks: list = []  # open lock files: the lock lasts as long as the process
 
 

@@ -16,6 +16,7 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, co
 from swarm import __version__
 from swarm.config import GenerationSettings, SwarmSettings, default_of
 from swarm.fabric.chunks import KINDS, TOKEN_PATTERN, ChunkSpec
+from swarm.fabric.authority import MAX_CERTIFICATE_CHARS
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -44,6 +45,8 @@ class MemberRecord(BaseModel):
     # whether it passes on the chunks of versions it is receiving (a dialable sampler): peers
     # fetching the same payload share its chunks out among such relays (swarm.fabric.chunked_fetch)
     relay: StrictBool = False
+    # a learner other than the run owner: the owner's certificate for its key (swarm.fabric.authority)
+    certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,14 @@ class VersionAnnouncement(BaseModel):
     # how this version's payloads are chunked (swarm.fabric.chunks): the root of each one's chunk
     # digests, so that any peer may pass on verified chunks of it ("KIND:VERSION:SIZE:CHUNK:ROOT")
     chunks: conlist(constr(regex=TOKEN_PATTERN, strict=True), max_items=len(KINDS)) = []
+    # an announcement by a learner other than the run owner carries the owner's certificate for it
+    certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
-           recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> "VersionAnnouncement":  # noqa: B006
-        return cls(run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
+           recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
+           certificate: str = "") -> "VersionAnnouncement":
+        return cls(certificate=certificate, run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
                    max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
                    recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version],
@@ -148,6 +154,7 @@ class Heartbeat:
     fetch_bytes: int = 0
     fetch_s: float = 0.0
     relay: bool = False  # passes on chunks of the versions it receives
+    certificate: str = ""  # a learner other than the run owner: the owner's certificate for it
 
     def record(self, peer_id: str, now: float) -> "MemberRecord":
         fields = asdict(self)

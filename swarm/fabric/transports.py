@@ -36,20 +36,23 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
 
     check_peers(transport, peers)
-    p2p_key = None
+    p2p_key = key_path = None
     if identity_dir is None:
         signing_key = RSAPrivateKey()
     else:
         # absolute: the p2p daemon is told this path, and leftover daemons are found by it
         identity_dir = Path(identity_dir).resolve()
         stem = claim_identity_slot(identity_dir, role)
-        signing_key = load_or_create_signing_key(identity_dir / f"{stem}.sign.key")
+        key_path = identity_dir / f"{stem}.sign.key"
+        signing_key = load_or_create_signing_key(key_path)
         p2p_key = identity_dir / f"{stem}.p2p.key"
     if transport == "grpc":
         from swarm.fabric.grpc_peer import GrpcFabric
 
-        return GrpcFabric(peers[0], run_id, signing_key, host=host, port=port, heartbeat_s=heartbeat_s,
-                          announce_addr=announce_addr, upload_slots=upload_slots)
+        fabric = GrpcFabric(peers[0], run_id, signing_key, host=host, port=port, heartbeat_s=heartbeat_s,
+                            announce_addr=announce_addr, upload_slots=upload_slots)
+        fabric.signing_key_path = key_path  # the run owner's key file, for `swarm authorize`
+        return fabric
     from swarm.fabric.dht import announce_multiaddrs, listen_maddrs, start_dht
     from swarm.fabric.hivemind_transport import HivemindFabric
 
@@ -57,8 +60,10 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=listen_maddrs(host, port),
                                announce_maddrs=announced, use_auto_relay=auto_relay, client_mode=client_mode,
                                identity_path=p2p_key, reclaim_identity=p2p_key is not None, signing_key=signing_key)
-    return HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots,
-                          client_mode=client_mode)
+    fabric = HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots,
+                            client_mode=client_mode)
+    fabric.signing_key_path = key_path
+    return fabric
 
 
 def join_with(settings: SwarmSettings, role: str) -> Fabric:

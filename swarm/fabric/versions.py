@@ -102,6 +102,7 @@ class Announced:
     sampling: RunSampling = RunSampling()
     recent: dict[int, str] = field(default_factory=dict)  # signed hashes of the versions just before it
     chunks: dict[str, ChunkSpec] = field(default_factory=dict)  # kind -> how its payloads are chunked
+    peers: tuple[str, ...] = ()  # every authorised learner announcing this version and hash (peer ids)
 
 
 @dataclass
@@ -128,17 +129,18 @@ class FetchResult:
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
              recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (), *,  # noqa: B006
-             expiry_s: float = 60.0) -> bool:
+             certificate: str = "", expiry_s: float = 60.0) -> bool:
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
     value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent,
-                                   chunks).dict()
+                                   chunks, certificate).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
 def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announced | None:
-    """The newest version announced under one of `learner_keys`; everything else is ignored."""
+    """The newest version announced by the run's owner keys `learner_keys` or a learner they certified;
+    everything else is ignored."""
     found = dht.get(versions_key(run_id), latest=True)
     if found is None or not isinstance(found.value, dict):
         return None
@@ -146,14 +148,15 @@ def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announc
 
 
 def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterable[bytes], run_id: str) -> Announced | None:
-    """Of (owner key, announcement) pairs, the newest well-formed one of `run_id` whose owner is a
-    learner key."""
-    allowed = set(learner_keys)
-    best = None
+    """Of (owner key, announcement) pairs, the newest well-formed one of `run_id` whose key is one of
+    `learner_keys` (the run's owner keys) or carries their certificate for it (swarm.fabric.authority).
+    Its `peers` are every authorised learner announcing that version with that hash: where to send
+    rollouts when several learners train the run."""
+    from swarm.fabric.authority import authorises
+
+    allowed = frozenset(learner_keys)
+    valid = []
     for owner, value in items:
-        if owner not in allowed:
-            logger.debug("ignoring a version announcement by an unauthorised key")
-            continue
         try:
             ann = VersionAnnouncement.parse_obj(value)
         except Exception:  # noqa: BLE001
@@ -161,9 +164,16 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
         if ann.run_id != run_id:
             logger.debug("ignoring an announcement of run %r", ann.run_id)
             continue
-        if best is None or ann.version > best.version:
-            best = Announced(ann.version, ann.hash, ann.peer_id, ann.sampling, ann.recent_hashes, ann.chunk_specs)
-    return best
+        if owner not in allowed and not (ann.certificate and authorises(ann.certificate, run_id, allowed, owner)):
+            logger.debug("ignoring a version announcement by an unauthorised key")
+            continue
+        valid.append((owner, ann))
+    if not valid:
+        return None
+    # the newest version; among its announcers the owner's first, then the earliest announcement
+    best = max(valid, key=lambda item: (item[1].version, item[0] in allowed, -item[1].time))[1]
+    peers = tuple(sorted({ann.peer_id for _, ann in valid if ann.version == best.version and ann.hash == best.hash}))
+    return Announced(best.version, best.hash, best.peer_id, best.sampling, best.recent_hashes, best.chunk_specs, peers)
 
 
 class VersionStore:

@@ -1,0 +1,214 @@
+"""A learner's part in a run that several learners train (hivemind transport).
+
+The run owner's learner trains alone until another learner the owner certified (swarm.fabric.authority)
+shows up in the membership records; from then on every step averages gradients with whichever
+authorised learners are averaging (swarm.fabric.learner_group), so all of them take the same step
+and publish the same version with the same hash. Samplers send each round to the next learner
+announcing the newest version, so each group is used once.
+
+A learner that joins late, falls behind (it missed a round: killed and restarted, or slow) or holds
+other weights than the rest downloads the newest state from an authorised learner: weights, AdamW
+state and version, checked by hash, before it steps again. Nothing goes backwards: a learner only
+ever loads a newer version than it holds, or the same version with the group's hash.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from swarm.fabric.authority import authorises
+from swarm.fabric.weight_delta import state_hash
+
+
+@dataclass
+class AveragingOutcome:
+    """What LearnerCore does with its gradient after a round (see LearnerCore.gradient_averager)."""
+
+    grads: list[torch.Tensor] | None  # the group's mean gradient; None: step on this learner's own
+    resync: bool = False  # out of step: download the group's state instead of stepping
+    reason: str = ""
+    metrics: dict = field(default_factory=dict)
+
+
+class LearnerTeam:
+    """Finds the run's authorised learners, averages each step's gradient with them, serves this
+    learner's state to the others and catches up from theirs.
+
+    fabric: a hivemind fabric (`learner_group`, `members`); owners: the run owner's public-key
+    subkeys (a learner's certificate must be signed by one); weights_hash: the hash of this learner's
+    float32 weights (what members compare every round)."""
+
+    def __init__(self, fabric, core, owners: frozenset[bytes], *, weights_hash: Callable[[], str],
+                 averaging_timeout_s: float, events=None, echo=print) -> None:
+        self.fabric, self.core, self.owners = fabric, core, frozenset(owners)
+        self.weights_hash = weights_hash
+        self.averaging_timeout_s = averaging_timeout_s
+        self.events, self.echo = events, echo
+        self.owner = next(iter(sorted(self.owners)))  # the run key samplers pin
+        self.joining = False  # set by a learner that must download the run's state before it publishes
+        self.group = None
+        self.lock = threading.Lock()  # the model and optimizer between steps: state is copied under it
+        self.stats = {"rounds": 0, "alone": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
+        core.update_lock = self.lock
+        core.gradient_averager = self
+
+    def learners(self) -> dict[str, object]:
+        """peer id -> membership record of every live learner the run owner authorised (this one too)."""
+        found = {}
+        for member in self.fabric.members():
+            record = member.record
+            if record.role != "learner":
+                continue
+            if member.owner in self.owners or (record.certificate and authorises(
+                    record.certificate, self.fabric.run_id, self.owners, member.owner)):
+                found[record.peer_id] = record
+        return found
+
+    def others(self) -> dict[str, object]:
+        return {p: r for p, r in self.learners().items() if p != self.fabric.peer_id}
+
+    def wait_for_others(self, timeout_s: float) -> bool:
+        """Whether another authorised learner's record shows up within `timeout_s`."""
+        deadline = time.time() + timeout_s
+        while not self.others():
+            if time.time() > deadline:
+                return False
+            time.sleep(1.0)
+        return True
+
+    def refresh(self, start: bool = True) -> int:
+        """Starts averaging once another authorised learner is present (`start`: only from the main
+        thread, as hivemind's averager process must be) and lets the current ones in; returns how many
+        learners there are. Called from the heartbeat and before every step."""
+        others = self.others()
+        if others and self.group is None and start:
+            self._start_group()
+        if self.group is not None:
+            self.group.allow([self.fabric.peer_id, *others])
+            self.group.serve_state(self._state, self.core.version)
+        return 1 + len(others)
+
+    def _start_group(self) -> None:
+        self.group = self.fabric.learner_group(list(self.core.model.parameters()))
+        if self.events is not None:
+            self.events.event("learner_group", peer_id=self.group.peer_id)
+
+    # --- one round (LearnerCore.gradient_averager) ---
+    def __call__(self, grads, rows: int, version: int) -> AveragingOutcome:
+        if self.group is None or not self.others():
+            return AveragingOutcome(None, metrics={"learners": 1.0})
+        result = self.group.average(grads, rows, version, self.weights_hash(), self.averaging_timeout_s)
+        self.stats["rounds"] += 1
+        metrics = {"learners": float(len(result.members)), "averaging_seconds": round(result.seconds, 4),
+                   "group_rows": float(result.total_rows)}
+        if result.clamped:
+            metrics["clamped_gradients"] = float(result.clamped)
+        if len(result.members) == 1:  # nobody else came: step alone; anyone out of step catches up
+            self.stats["alone"] += 1
+            if self.events is not None:
+                self.events.event("averaging_alone", version=version, reason=result.error)
+            return AveragingOutcome(None, metrics=metrics)
+        self.stats["largest_group"] = max(self.stats["largest_group"], len(result.members))
+        newest, digest = result.canonical
+        if not result.in_step:
+            reason = (f"behind: the group is at version {newest}, this learner at {version}" if newest > version else
+                      f"weights differ from the group's at version {version} (hash {digest[:12]}, ours "
+                      f"{self.weights_hash()[:12]})")
+            return AveragingOutcome(None, resync=True, reason=reason, metrics=metrics)
+        stragglers = [m for m in result.members if (m.version, m.weights_hash) != result.canonical]
+        if stragglers and self.events is not None:
+            self.events.event("learners_out_of_step", version=version,
+                              peers={m.peer_id: {"version": m.version, "hash": m.weights_hash[:16]} for m in stragglers})
+        if result.grads is None:
+            reason = result.error or "no rows in the group"
+            return AveragingOutcome(None, metrics={**metrics, "averaging_error": reason})
+        return AveragingOutcome(result.grads, metrics=metrics)
+
+    # --- state handed to others, and taken from them ---
+    def _state(self) -> tuple[dict, list[torch.Tensor]]:
+        """This learner's weights, AdamW state and version (hivemind's state-serving thread calls it)."""
+        with self.lock:
+            params = list(self.core.model.parameters())
+            tensors = []
+            for p in params:
+                state = self.core.optimizer.state.get(p, {})
+                tensors += [p.detach().cpu().clone(),
+                            state["exp_avg"].detach().cpu().clone() if "exp_avg" in state else torch.zeros_like(p, device="cpu"),
+                            state["exp_avg_sq"].detach().cpu().clone() if "exp_avg_sq" in state else torch.zeros_like(p, device="cpu"),
+                            torch.as_tensor(float(state["step"]) if "step" in state else 0.0, dtype=torch.float32)]
+            metadata = {"run_id": self.fabric.run_id, "version": self.core.version, "hash": self.weights_hash()}
+        return metadata, tensors
+
+    def catch_up(self, timeout_s: float, *, at_least: int = 0, beat: Callable[[], object] | None = None,
+                 beat_s: float = 5.0) -> bool:
+        """Downloads the newest authorised learner's state (a version >= `at_least` and newer than, or
+        the group's hash at, this learner's own) and loads it; False if none came within `timeout_s`.
+        `beat` (every `beat_s`) keeps this learner's record up meanwhile: the others let it in on seeing it."""
+        if self.group is None:
+            self._start_group()
+        deadline, next_beat = time.time() + timeout_s, 0.0
+        while time.time() < deadline:
+            if beat is not None and time.time() >= next_beat:
+                beat()
+                next_beat = time.time() + beat_s
+            others = self.others()
+            if others:
+                self.group.allow([self.fabric.peer_id, *others])
+                order = sorted(others, key=lambda p: -others[p].version)
+                found = self.group.download_state(order, timeout_s=min(30.0, max(1.0, deadline - time.time())))
+                if found is not None and self._load(*found, at_least=at_least):
+                    return True
+            time.sleep(1.0)
+        return False
+
+    def _load(self, peer: str, metadata: dict, tensors: list[torch.Tensor], *, at_least: int) -> bool:
+        params = list(self.core.model.parameters())
+        try:
+            version, digest = int(metadata["version"]), str(metadata["hash"])
+            ok_shapes = len(tensors) == 4 * len(params) and all(
+                tensors[4 * i].shape == p.shape for i, p in enumerate(params))
+        except (KeyError, TypeError, ValueError):
+            ok_shapes, version, digest = False, -1, ""
+        if not ok_shapes or metadata.get("run_id") != self.fabric.run_id or version < max(at_least, self.core.version):
+            self.echo(f"warning: state from learner {peer} refused (version {version}, run {metadata.get('run_id')!r}, "
+                      f"{len(tensors)} tensors)")
+            return False
+        with self.lock:
+            saved = [p.detach().clone() for p in params]
+            with torch.no_grad():
+                for i, p in enumerate(params):
+                    p.copy_(tensors[4 * i].to(p.device, p.dtype))
+            if self.weights_hash() != digest:  # torn or forged: put ours back
+                with torch.no_grad():
+                    for p, old in zip(params, saved):
+                        p.copy_(old)
+                self.echo(f"warning: state from learner {peer} does not match its hash; refused")
+                return False
+            self.core.optimizer.state.clear()
+            for i, p in enumerate(params):
+                exp_avg, exp_avg_sq, step = tensors[4 * i + 1], tensors[4 * i + 2], float(tensors[4 * i + 3])
+                if step > 0:
+                    self.core.optimizer.state[p] = {"step": torch.tensor(step), "exp_avg": exp_avg.to(p.device, p.dtype),
+                                                    "exp_avg_sq": exp_avg_sq.to(p.device, p.dtype)}
+            previous, self.core.version = self.core.version, version
+        self.stats["resyncs"] += 1
+        if self.events is not None:
+            self.events.event("state_downloaded", source=peer, version=version, previous=previous, hash=digest)
+        self.echo(f"took the run's state from learner {peer}: version {version} (was {previous})")
+        return True
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+
+
+def float32_hash(model) -> str:
+    """The hash of a model's weights in float32 (what learners of one run compare)."""
+    return state_hash({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu()
+                       for k, v in model.state_dict().items()})
