@@ -175,3 +175,136 @@ def test_a_member_out_of_step_is_told_so_and_the_others_go_on(averagers):
     [t.join(timeout=80) for t in threads]
     assert out[0].in_step and out[0].canonical == (7, "a" * 64) and out[0].grads is not None
     assert not out[1].in_step and out[1].grads is None  # behind: it downloads the state instead
+
+
+def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_ignore_a_stranger(tmp_path):
+    """Real processes on loopback: an owner learner and a certified one train with two samplers,
+    publishing the same weights at every version; a learner whose certificate is its own is ignored;
+    the certified one is SIGKILLed and the owner goes on; a third joins late and matches."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from swarm.runlog import read_jsonl, wait_ready
+
+    swarm = [sys.executable, "-m", "swarm.cli"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log = (tmp_path / "peers.log").open("w")
+    procs = {}
+
+    def spawn(name, *args):
+        procs[name] = subprocess.Popen([*swarm, *args], stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+        return procs[name]
+
+    def tail():
+        return (tmp_path / "peers.log").read_text()[-4000:]
+
+    def ready(name):
+        found = wait_ready(tmp_path / name, timeout_s=180, alive=lambda: procs[name].poll() is None)
+        assert found is not None, tail()
+        return found
+
+    def steps(name):
+        return {int(r["step"]): r for r in read_jsonl(tmp_path / name / "steps.jsonl")} if (tmp_path / name / "steps.jsonl").exists() else {}
+
+    def wait_for(condition, timeout_s, what):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if condition():
+                return
+            time.sleep(1.0)
+        raise AssertionError(f"{what} within {timeout_s}s\n{tail()}")
+
+    def learner_key(identity):
+        out = subprocess.run([*swarm, "learner-key", "--identity-dir", str(tmp_path / identity)], capture_output=True,
+                             text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    def same_weights(a, b, at_least):
+        sa, sb = steps(a), steps(b)
+        common = sorted(set(sa) & set(sb))
+        if len(common) < at_least:
+            return None
+        return [v for v in common if sa[v]["weights_hash"] != sb[v]["weights_hash"]]
+
+    learner_args = ["--steps", "1000", "--groups-per-step", "4", "--checkpoint-every", "0", "--max-completion-length", "12",
+                    "--averaging-timeout-s", "20"]
+    try:
+        spawn("boot", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(tmp_path / "boot.key"),
+              "--run-dir", str(tmp_path / "boot"))
+        addr = ready("boot")["addresses"][0]
+        spawn("owner", "learner", "--peers", addr, "--run-dir", str(tmp_path / "owner"), "--identity-dir",
+              str(tmp_path / "owner-id"), *learner_args)
+        owner = ready("owner")
+        assert owner["learner_key"] == owner["own_key"] and owner["owner_key_file"]
+        for s in ("s1", "s2"):
+            spawn(s, "sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "owner" / "learner.key"),
+                  "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(tmp_path / f"{s}-id"),
+                  "--run-dir", str(tmp_path / s))
+        # the owner certifies a second learner's key; the certificate is all that learner needs
+        cert = tmp_path / "second.cert"
+        out = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
+                              learner_key("second-id"), "--run-id", "swarm", "--out", str(cert)],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        spawn("second", "learner", "--peers", addr, "--run-dir", str(tmp_path / "second"), "--identity-dir",
+              str(tmp_path / "second-id"), "--certificate", str(cert), *learner_args)
+        second = ready("second")
+        assert second["learner_key"] == owner["learner_key"] != second["own_key"]  # samplers pin the run, not it
+        # a stranger signs its own certificate: a run of its own that nobody follows
+        stranger_key_file = tmp_path / "stranger-id" / "learner.sign.key"
+        stranger_key = learner_key("stranger-id")
+        forged = subprocess.run([*swarm, "authorize", "--owner-key-file", str(stranger_key_file), "--learner-key",
+                                 stranger_key, "--run-id", "swarm"], capture_output=True, text=True, env=env, timeout=60)
+        spawn("stranger", "learner", "--peers", addr, "--run-dir", str(tmp_path / "stranger"), "--identity-dir",
+              str(tmp_path / "stranger-id"), "--certificate", forged.stdout.strip(), *learner_args)
+        stranger = ready("stranger")
+
+        # together: the same weights at every version both published, gradients from both
+        wait_for(lambda: (same_weights("owner", "second", 4) is not None
+                          and sum(r.get("learners") == 2.0 for r in steps("second").values()) >= 3), 400,
+                 "two learners stepping together")
+        assert same_weights("owner", "second", 4) == []
+        assert any(r.get("learners") == 2.0 and r["groups"] > 0 for r in steps("owner").values())
+        sent_to = {e["learner"] for s in ("s1", "s2") for e in read_jsonl(tmp_path / s / "events.jsonl") if e["event"] == "sent"}
+        assert second["peer_id"] in sent_to and owner["peer_id"] in sent_to  # samplers spread their rounds
+        assert stranger["peer_id"] not in sent_to
+        assert all(r.get("learners", 1.0) <= 2.0 for name in ("owner", "second") for r in steps(name).values())
+
+        # the second learner dies mid-run: the owner steps on alone, never backwards
+        procs["second"].send_signal(signal.SIGKILL)
+        procs["second"].wait(timeout=30)
+        killed_at = max(steps("owner"))
+        wait_for(lambda: max(steps("owner")) >= killed_at + 3, 300, "the owner stepping on after the kill")
+        versions = sorted(steps("owner"))
+        assert versions == list(range(versions[0], versions[-1] + 1))  # every version once, in order
+        assert steps("owner")[versions[-1]].get("learners", 1.0) == 1.0
+
+        # a third learner joins late and matches the owner
+        cert3 = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
+                                learner_key("third-id"), "--run-id", "swarm"], capture_output=True, text=True, env=env,
+                               timeout=60).stdout.strip()
+        spawn("third", "learner", "--peers", addr, "--run-dir", str(tmp_path / "third"), "--identity-dir",
+              str(tmp_path / "third-id"), "--certificate", cert3, *learner_args)
+        ready("third")
+        joined = read_jsonl(tmp_path / "third" / "events.jsonl")
+        assert any(e["event"] == "state_downloaded" and e["version"] > killed_at for e in joined), joined[:5]
+        wait_for(lambda: same_weights("owner", "third", 3) is not None, 300, "the late learner stepping with the owner")
+        assert same_weights("owner", "third", 3) == []
+        assert not (tmp_path / "stranger" / "steps.jsonl").exists() or all(
+            r.get("learners", 1.0) == 1.0 for r in steps("stranger").values())  # nobody averaged with it
+        for name in ("owner", "third"):
+            procs[name].send_signal(signal.SIGTERM)
+        for name in ("owner", "third"):
+            assert procs[name].wait(timeout=120) == 0, tail()
+        assert json.loads((tmp_path / "owner" / "published.json").read_text())["version"] == max(steps("owner"))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        log.close()
