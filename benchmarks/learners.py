@@ -26,13 +26,15 @@ from benchmarks.common import markdown_table, write_result
 from swarm.runlog import read_jsonl, wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
+REPO = Path(__file__).resolve().parents[1]
 QWEN3_06B_PARAMS = 0.6e9  # Qwen3-0.6B, the swarm's GPU reference model (README)
 LINK_BYTES_PER_S = 1e9 / 8  # 1 Gbit/s
 
 
 def _spawn(args: list[str], log) -> subprocess.Popen:
     return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"))
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)),
+                            cwd=REPO)  # this checkout's code, whatever is installed
 
 
 def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
@@ -45,10 +47,10 @@ def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
     try:
         procs.append(_spawn(["bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(root / "boot.key"),
                              "--run-dir", str(root / "boot")], log))
-        addr = wait_ready(root / "boot", timeout_s=120)["addresses"][0]
+        addr = _ready(root / "boot", procs[-1], root)["addresses"][0]
         procs.append(_spawn(["learner", "--peers", addr, "--run-dir", str(root / "l0"), "--identity-dir", str(root / "l0-id"),
                              *args], log))
-        owner = wait_ready(root / "l0", timeout_s=180)
+        owner = _ready(root / "l0", procs[-1], root)
         for i in range(samplers):
             procs.append(_spawn(["sampler", "--peers", addr, "--learner-key-file", str(root / "l0" / "learner.key"),
                                  "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(root / f"s{i}-id"),
@@ -68,7 +70,12 @@ def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
         deadline = time.time() + 400  # every learner stepping (together, when there are several)
         while time.time() < deadline and not all(
                 any(r.get("learners", 1.0) == learners and r["groups"] > 0 for r in rows(i)) for i in range(learners)):
+            dead = [p.args[3] for p in procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead} exited; see {root / 'peers.log'}:\n{(root / 'peers.log').read_text()[-3000:]}")
             time.sleep(2)
+        if time.time() >= deadline:
+            raise RuntimeError(f"the learners did not all step within 400 s:\n{(root / 'peers.log').read_text()[-3000:]}")
         start = time.time()
         time.sleep(window_s)
         end = time.time()
@@ -98,6 +105,13 @@ def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
         log.close()
+
+
+def _ready(run_dir: Path, proc: subprocess.Popen, root: Path) -> dict:
+    found = wait_ready(run_dir, timeout_s=240, alive=lambda: proc.poll() is None)
+    if found is None:
+        raise RuntimeError(f"{run_dir.name} did not start:\n{(root / 'peers.log').read_text()[-3000:]}")
+    return found
 
 
 def round_bytes(params: float, members: int) -> float:
