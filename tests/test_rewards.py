@@ -130,3 +130,14 @@ def test_real_math_verify_on_a_tower_of_powers_is_bounded():
         assert time.time() - started < 60
     finally:
         scorer.close()
+
+
+def test_a_short_timeout_does_not_break_the_first_completion_of_a_fresh_worker():
+    """math-verify imports sympy on its first call; an alarm inside that import left it half-imported
+    and every later completion scored None (seen as whole staleness-study runs at 0% on a loaded
+    machine). The worker now makes that first call before it says it is ready."""
+    scorer = RewardScorer([("accuracy", 1.0)], timeout_s=0.3)
+    try:
+        assert scorer.score(["\\boxed{4}", "\\boxed{5}", "\\boxed{4}"], ["4", "4", "4"]) == [1.0, 0.0, 1.0]
+    finally:
+        scorer.close()
