@@ -113,6 +113,10 @@ def _make_averager_class():
 
         async def _set_allowed(self, ids: list[bytes]) -> None:
             self._allowed = frozenset(ids)
+            # a group of every learner present starts its round at once, instead of waiting out the
+            # matchmaking time for followers that are not coming
+            if getattr(self, "_matchmaking", None) is not None:
+                self._matchmaking.target_group_size = max(2, len(self._allowed))
 
         def _refuses(self, peer) -> bool:
             return peer.to_bytes() not in self._allowed
