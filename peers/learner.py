@@ -243,7 +243,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     # announcements and the membership record on their own schedule: a step longer than a record's
     # life (any real LLM's) no longer takes the learner out of the listing
     pulse = Pulse(heartbeat, fabric.heartbeat_s, name="learner-heartbeat")
-    steps = StepLog(run_dir)
+    from swarm.reporting import Reporter
+
+    reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
+    steps = StepLog(run_dir, on_write=reporter.step)
     last_step = time.time()
     try:
         while core.version < config.steps and not stop.is_set():
@@ -327,6 +330,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         if team is not None:
             team.close()
         steps.close()
+        reporter.close()
         inbox.close()
         server.close()
         intake.close()

@@ -87,7 +87,10 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    events = EventLog(run_dir)
+    from swarm.reporting import Reporter
+
+    reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
+    events = EventLog(run_dir, on_write=reporter.event)
     scorer = RewardScorer()
     simulating = delay.kind != "none" or config.lag_steps > 0
     # holding many versions only matters for latency simulation (versions wait for their pickup time)
@@ -201,3 +204,4 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
         scorer.close()
         fabric.shutdown()
         events.close()
+        reporter.close()

@@ -30,7 +30,8 @@ def run_trainer(
     on_eval: Callable[[dict], None] | None = None,
 ) -> dict:
     """Train; returns {"config", "history" (per step), "evals" (every eval_every steps)}. With a
-    `run_dir`, writes config.yaml and steps.jsonl there."""
+    `run_dir`, writes config.yaml and steps.jsonl there (and, as `report_to` asks, TensorBoard event
+    files or a wandb run)."""
     from swarm.evaluation import evaluate_policy
     from swarm.generation import SamplingParams
     from swarm.generation.transformers_backend import TransformersBackend
@@ -75,10 +76,13 @@ def run_trainer(
 
     history: list[dict] = []
     evals = [evaluate(0)]
-    log = None
+    log = reporter = None
     if run_dir is not None:
+        from swarm.reporting import Reporter
+
         write_config(config, Path(run_dir) / "config.yaml")
-        log = StepLog(run_dir)
+        reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
+        log = StepLog(run_dir, on_write=reporter.step)
     try:
         for step in range(config.steps):
             started = time.time()
@@ -113,4 +117,6 @@ def run_trainer(
         scorer.close()
         if log:
             log.close()
+        if reporter:
+            reporter.close()
     return {"config": config.model_dump(), "history": history, "evals": evals}

@@ -31,6 +31,7 @@ The library, one concept per module:
 - fabric/ (package)  - how peers find each other and move rollouts and weights: one interface,
                        two transports (hivemind, gRPC).
 - runlog.py          - what peers write to their run directory: ready.json, steps/events JSONL.
+- reporting.py       - --report-to: the JSONL records mirrored to TensorBoard and wandb.
 - signals.py         - SIGINT/SIGTERM stop a peer cleanly.
 """
 

@@ -28,13 +28,15 @@ EVENTS_FILE = "events.jsonl"
 class JsonlLog:
     """Appends one JSON object per line and flushes it, so readers see whole records at once.
     Thread-safe (a sampler's follower thread and its main loop share one log); closing twice, or
-    writing after closing, does nothing."""
+    writing after closing, does nothing. `on_write` (a `swarm.reporting.Reporter`'s) gets each record
+    once it is written."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, on_write: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
         self._lock = threading.Lock()
+        self._on_write = on_write
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record) + "\n"
@@ -42,6 +44,8 @@ class JsonlLog:
             if not self._file.closed:
                 self._file.write(line)
                 self._file.flush()
+        if self._on_write is not None:
+            self._on_write(record)
 
     def close(self) -> None:
         with self._lock:
@@ -59,8 +63,8 @@ class StepLog(JsonlLog):
     (step, version, learning_rate, reward, accuracy, staleness, the loss's metrics, ...) plus
     `time`; the swarm learner adds its inbox counters, the in-process trainer its prompt digest."""
 
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(Path(run_dir) / STEPS_FILE)
+    def __init__(self, run_dir: Path, **kwargs: Any) -> None:
+        super().__init__(Path(run_dir) / STEPS_FILE, **kwargs)
 
     def step(self, metrics: dict[str, Any], **extra: Any) -> dict[str, Any]:
         record = {**metrics, **extra, "time": time.time()}
@@ -71,8 +75,8 @@ class StepLog(JsonlLog):
 class EventLog(JsonlLog):
     """`events.jsonl`: `event(kind, **fields)` appends {"time", "event": kind, **fields}."""
 
-    def __init__(self, run_dir: Path) -> None:
-        super().__init__(Path(run_dir) / EVENTS_FILE)
+    def __init__(self, run_dir: Path, **kwargs: Any) -> None:
+        super().__init__(Path(run_dir) / EVENTS_FILE, **kwargs)
 
     def event(self, kind: str, **fields: Any) -> None:
         self.write({"time": time.time(), "event": kind, **fields})

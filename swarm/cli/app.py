@@ -8,7 +8,7 @@ import click
 from swarm import __version__
 from swarm.cli.authorize import authorize_command, learner_key_command
 from swarm.cli.dashboard import dashboard_command
-from swarm.cli.local_commands import demo_command, eval_command
+from swarm.cli.local_commands import demo_command, eval_command, plot_command
 from swarm.cli.peer_commands import bootstrap_command, learner_command, sampler_command, status_command
 
 
@@ -19,5 +19,5 @@ def main() -> None:
 
 
 for command in (bootstrap_command, learner_command, sampler_command, status_command, dashboard_command, eval_command,
-                demo_command, authorize_command, learner_key_command):
+                demo_command, plot_command, authorize_command, learner_key_command):
     main.add_command(command)

@@ -81,3 +81,28 @@ def demo_command(config_file, **options):
             raise click.ClickException(f"interrupted; all demo processes were stopped. Logs: {run_dir / 'logs'}") from None
         files = "swarm.yaml, learner/steps.jsonl, learner/checkpoints, sampler-*/events.jsonl, logs/, evals.json, plot training.png"
     print_result(Console(), config, result["before"], result["after"], result["version"], run_dir, files)
+
+
+@click.command("plot")
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="the PNG to write (default: RUN_DIR/curves.png)")
+def plot_command(run_dir: Path, output: Path | None):
+    """Draw a run's curves from its steps.jsonl: a learner's or the in-process trainer's run directory,
+    or a demo's (its learner/ subdirectory)."""
+    from swarm.cli.plots import plot_steps
+    from swarm.runlog import STEPS_FILE, read_jsonl
+
+    found = next((d for d in (run_dir, run_dir / "learner") if (d / STEPS_FILE).is_file()), None)
+    if found is None:
+        raise click.UsageError(f"{run_dir} holds no {STEPS_FILE} (nor learner/{STEPS_FILE}): pass the run directory of a "
+                               "learner, an in-process trainer or a demo")
+    records = [r for r in read_jsonl(found / STEPS_FILE) if "step" in r]
+    if not records:
+        raise click.ClickException(f"{found / STEPS_FILE} holds no steps yet")
+    try:
+        evals = json.loads((run_dir / "evals.json").read_text())
+    except (OSError, ValueError):
+        evals = None
+    path = plot_steps(records, output or run_dir / "curves.png", title=str(run_dir), evals=evals)
+    click.echo(f"{len(records)} steps -> {path}")

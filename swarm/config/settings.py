@@ -15,6 +15,7 @@ TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly 
 GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
 # The registered policy losses (swarm/losses registers exactly these; a test checks it). Listed here
 # so that option choices and config validation need no torch import.
+REPORT_SINKS = ("none", "jsonl", "tensorboard", "wandb")  # swarm/reporting.py writes exactly these
 LOSS_NAMES = ("gepo", "grpo", "dr_grpo", "bnpo", "gspo", "gmpo", "topr", "cispo", "m2po", "decoupled_ppo",
               "tis_mis", "opsm")
 
@@ -282,6 +283,22 @@ class TaskSettings(Settings):
         return {name: getattr(self, name) for name in ("dataset_config", "question_column", "answer_column", "answer_pattern",
                                                        "prompt_template", "system_prompt", "apply_chat_template",
                                                        "stop_strings")}
+
+
+class ReportSettings(Settings):
+    """Where a peer's metrics go besides its JSONL files (swarm/reporting.py)."""
+
+    report_to: list[Literal[REPORT_SINKS]] = setting(  # type: ignore[valid-type]
+        lambda: ["jsonl"], group="output",
+        help="also write the metrics, under their JSONL names, to tensorboard (RUN_DIR/tensorboard) and/or wandb "
+             "(offline unless WANDB_API_KEY is set); repeatable. The JSONL files are always written")
+
+    @field_validator("report_to")
+    @classmethod
+    def _sinks_installed(cls, sinks: list[str]) -> list[str]:
+        from swarm.reporting import check_report_to
+
+        return check_report_to(sinks)
 
 
 class TrainingSettings(Settings):
