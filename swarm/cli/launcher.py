@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,8 +114,27 @@ class LocalSwarm:
     def stop(self, proc: Proc, timeout: float = 30.0) -> int | None:
         return proc.stop(timeout)
 
-    def stop_all(self) -> None:
-        """Samplers first (nothing more to send), then the learner (it checkpoints), then the rest."""
-        order = sorted(self.procs, key=lambda p: {"learner": 1, "bootstrap": 2}.get(p.name, 0))
-        for proc in order:
-            self.stop(proc)
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """Samplers first (nothing more to send), then the learner (it checkpoints), then the rest.
+        The peers of one tier are signalled together and share one `timeout`, so stopping many
+        samplers on a loaded machine takes one wait, not one per sampler."""
+        tiers: dict[int, list[Proc]] = {}
+        for proc in self.procs:
+            tiers.setdefault({"learner": 1, "bootstrap": 2}.get(proc.name, 0), []).append(proc)
+        for _, tier in sorted(tiers.items()):
+            stop_together(tier, timeout)
+
+
+def stop_together(procs: list[Proc], timeout: float) -> None:
+    """SIGTERM to each of `procs` still running, one shared wait of `timeout` seconds, then SIGKILL
+    to what is left."""
+    running = [p for p in procs if p.popen.poll() is None]
+    for proc in running:
+        proc.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(timeout=10)
