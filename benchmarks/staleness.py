@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from benchmarks.common import RESULTS
+from swarm.progress import progress_for
 from benchmarks.staleness_report import report, report_again
 
 ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo", "m2po", "decoupled_ppo", "tis_mis", "opsm"]
@@ -226,15 +227,23 @@ def main(argv=None) -> int:
     runs: list[dict] = []
     total = len(losses) * len(levels) * seeds
     started = time.time()
+    # on a terminal, an overall bar under the runs' lines; elsewhere the lines alone (they count already)
+    progress = progress_for(sys.stdout)
+    bar = None
 
     def record(run: dict) -> None:
         runs.append(run)
         with partial.open("a") as f:
             f.write(json.dumps(run) + "\n")
         eta = (time.time() - started) / (len(runs) - resumed) * (total - len(runs))
-        print(f"[{len(runs)}/{total}] {run['loss']:8s} staleness {run['staleness']:3d} seed {run['seed']}: "
-              f"initial {run['initial']:.3f} best {run['best']:.3f} last {run['last']:.3f} "
-              f"({run['seconds']:.0f}s; about {eta / 60:.0f} min left)", flush=True)
+        line = (f"[{len(runs)}/{total}] {run['loss']:8s} staleness {run['staleness']:3d} seed {run['seed']}: "
+                f"initial {run['initial']:.3f} best {run['best']:.3f} last {run['last']:.3f} "
+                f"({run['seconds']:.0f}s; about {eta / 60:.0f} min left)")
+        if bar is None:
+            print(line, flush=True)
+        else:
+            progress.echo(line)
+            bar.update(completed=len(runs), note=f"about {eta / 60:.0f} min left")
 
     if args.from_partial:
         runs = earlier
@@ -248,7 +257,14 @@ def main(argv=None) -> int:
         if resumed:
             print(f"resuming: {resumed} of {total} runs already done", flush=True)
         partial.write_text("".join(json.dumps(line) + "\n" for line in [{"settings": settings}, *runs]))
-        run_jobs([(*job, args) for job in planned if job not in done], args.workers, record)
+        if progress.terminal:
+            bar = progress.task("staleness study", total=total, unit="runs", keep=True)
+            bar.update(completed=resumed)
+        try:
+            run_jobs([(*job, args) for job in planned if job not in done], args.workers, record)
+        finally:
+            if bar is not None:
+                bar.close()
     runs.sort(key=lambda r: (r["seed"], levels.index(r["staleness"]), losses.index(r["loss"])))
     if args.from_partial:
         note = f"**Interrupted study: {len(runs)} of {total} planned runs.** "

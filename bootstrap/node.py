@@ -4,7 +4,8 @@ it is a DHT node with a stable peer id; over gRPC it is the registry of the run'
 It holds no model and imports none; several bootstrap nodes (or any running peer) can serve as
 initial peers of a hivemind swarm, so losing one does not split it. In its run directory:
 ready.json (the addresses to pass to --peers) and events.jsonl (a status record every
-`status_every_s`: how many learners and samplers, the learner's version).
+`status_every_s`: how many learners and samplers, the learner's version). With `dashboard_port` it
+also serves the live dashboard of the swarm (swarm/dashboard/).
 """
 
 from __future__ import annotations
@@ -36,10 +37,20 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
     except BaseException:
         events.close()
         raise
+    observer = dashboard = None
     try:
         addresses = node.addresses()
+        if config.dashboard_port is not None:
+            # --dashboard-port: a bootstrap node takes no part in the swarm, so it looks at it as `swarm
+            # dashboard` does, through an observer joined through its own address ranked last (loopback,
+            # where it listens there: this process can always dial it)
+            from swarm.dashboard import peer_dashboard
+            from swarm.fabric.transports import observe
+
+            observer = observe(config.transport, run_id=config.run_id, peers=addresses[-1:])
+            dashboard = peer_dashboard(config, observer, run_dir=run_dir, peers=addresses[-1:])
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,
-                    peer_id=node.peer_id, addresses=addresses)
+                    peer_id=node.peer_id, addresses=addresses, **({"dashboard": dashboard.url} if dashboard else {}))
         # the address to give others comes first, on a line of its own: the best guess at one
         # other machines can dial (announced, else public, else private; loopback last)
         echo(f"peers join with: --transport {node.transport} --peers {addresses[0]}")
@@ -48,6 +59,8 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
             echo("other addresses of this node (give the one the joining machine can reach):")
             for addr in addresses[1:]:
                 echo(f"  --peers {addr}")
+        if dashboard is not None:
+            echo(f"dashboard of run '{config.run_id}' at {dashboard.url}")
         started = time.time()
         while not stop.wait(config.status_every_s):
             members = node.members()
@@ -59,5 +72,9 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
             echo(f"[{time.strftime('%H:%M:%S')}] up {int(time.time() - started)}s: {roles['learner']} learner(s), "
                  f"{roles['sampler']} sampler(s), learner version {newest if newest is not None else '-'}")
     finally:
+        if dashboard is not None:
+            dashboard.close()
+        if observer is not None:
+            observer.shutdown()
         events.close()
         node.shutdown()

@@ -16,11 +16,15 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from swarm.config import LearnerConfig
+
+STEP_TIMES_KEPT = 20  # the learner's usual step time is the median of this many recent steps
 
 
 def published_version(run_dir: Path) -> int | None:
@@ -72,11 +76,14 @@ def join_team(config: LearnerConfig, fabric, core, events, echo):
     return team
 
 
-def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
+def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
+    """Run a learner until `config.steps` or `stop` (or SIGINT/SIGTERM). `echo` hears what it says;
+    `progress` (swarm.progress; default: plain lines through `echo`) how far a long checkpoint write is."""
     import torch
 
     from swarm.checkpoint import load_verified, save_checkpoint
     from swarm.config import write_config
+    from swarm.dashboard import peer_dashboard
     from swarm.fabric.bans import PeerBans
     from swarm.fabric.interface import JoinError
     from swarm.fabric.identity import encode_learner_key
@@ -95,7 +102,10 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
     from swarm.verification import LogprobVerifier
 
+    from swarm.progress import LineProgress
+
     stop = stop or threading.Event()
+    progress = progress or LineProgress(echo)
     install_stop_signals(stop)
     run_dir, resume_from = check_run_dir(config)
     torch.manual_seed(config.seed)
@@ -125,7 +135,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     answers = {p.problem_id: p.answer for p in load_problems(config.task, config.task_options(), tokenizer=tokenizer)}
     made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    fabric = None
+    fabric = dashboard = None
     try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
         write_config(config, run_dir / "config.yaml")
         if not resume_from:
@@ -171,10 +181,16 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         # samplers pin the run's owner key: this learner's own, or the one that certified it
         run_key = encode_learner_key(team.owner) if team is not None else learner_key
         (run_dir / "learner.key").write_text(run_key + "\n")  # for `swarm sampler --learner-key-file`
+        # --dashboard-port: the swarm as this learner's own fabric reads it
+        dashboard = peer_dashboard(config, fabric, run_dir=run_dir, announcements_from="this run's learner key",
+                                   learner_keys=[team.owner if team is not None else fabric.public_key])
         write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
                     addresses=fabric.addresses(), learner_key=run_key, own_key=learner_key,
-                    owner_key_file=str(fabric.signing_key_path) if fabric.signing_key_path and run_key == learner_key else None)
+                    owner_key_file=str(fabric.signing_key_path) if fabric.signing_key_path and run_key == learner_key else None,
+                    **({"dashboard": dashboard.url} if dashboard else {}))
     except BaseException:
+        if dashboard is not None:
+            dashboard.close()
         if fabric is not None:  # its DHT and averager processes would outlive this one
             fabric.shutdown()
         if made:
@@ -182,10 +198,15 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         raise
     echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
     echo(f"samplers join with: --learner-key {run_key}")
+    if dashboard is not None:
+        echo(f"dashboard of run '{config.run_id}' at {dashboard.url}")
     for addr in fabric.addresses():
         echo(f"  --peers {addr}")
 
     totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
+    # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
+    # the seconds between its recent steps
+    last_step, step_times = time.time(), deque(maxlen=STEP_TIMES_KEPT)
     sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
                            tuple(config.stop_strings))
 
@@ -197,7 +218,9 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         fabric.announce(version, digest, sampling, recent, chunks)
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds,
-                                   certificate=getattr(fabric, "certificate", "")))
+                                   certificate=getattr(fabric, "certificate", ""), heartbeat_s=fabric.heartbeat_s,
+                                   step_s=statistics.median(list(step_times)) if step_times else 0.0,
+                                   since_step_s=time.time() - last_step))
         if team is not None:
             team.refresh(start=False)  # lets new learners in; the training loop starts averaging
         if not any(spec.kind == "snapshot" for spec in chunks) and pulse is not None:
@@ -230,7 +253,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         try:
             path = save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=core.version,
                                    digest=master_hash(), config=json.loads(config.model_dump_json()),
-                                   keep=config.keep_checkpoints)
+                                   keep=config.keep_checkpoints, progress=progress)
         except OSError as exc:  # a full disk: say so, train on in memory, try again at the next checkpoint
             events.event("checkpoint_failed", version=core.version, error=str(exc))
             echo(f"warning: checkpoint of version {core.version} failed ({exc}); training goes on, the next checkpoint retries")
@@ -274,6 +297,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                     publish()
                     steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], team=dict(team.stats),
                                weights_hash=store.hashes[core.version])
+                    step_times.append(time.time() - last_step)
                     last_step = time.time()
                     echo(f"step {core.version}: on the other learners' groups only")
                     continue
@@ -305,6 +329,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                        verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
                        uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
                        **({"team": dict(team.stats)} if team is not None else {}))
+            step_times.append(time.time() - last_step)
             last_step = time.time()
             echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")
@@ -334,6 +359,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         inbox.close()
         server.close()
         intake.close()
+        if dashboard is not None:
+            dashboard.close()  # before the fabric it reads
         fabric.shutdown()
         result = {"version": core.version, "used": totals["used"], "dropped": dict(intake.dropped), "run_dir": str(run_dir),
                   "refused": dict(inbox.stats.reasons), "banned": inbox.bans.banned(), "skipped_steps": totals["skipped_steps"]}

@@ -45,12 +45,16 @@ def load_version(backend, state, previous) -> None:
         backend.load_state_dict(state, previous=None)
 
 
-def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None) -> dict:
+def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
+    """Run a sampler until `stop` (or SIGINT/SIGTERM) or `config.rounds`. `echo` hears what it
+    says; `progress` (swarm.progress; default: plain lines through `echo`) how far a long version
+    download is."""
     from swarm.config import write_config
+    from swarm.dashboard import peer_dashboard
     from swarm.fabric.follower import VersionFollower
     from swarm.fabric.identity import decode_learner_key
     from swarm.fabric.pulse import Pulse
-    from swarm.fabric.records import Heartbeat
+    from swarm.fabric.records import Heartbeat, Refusals
     from swarm.fabric.transports import join_with
     from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
     from swarm.generation import SamplingParams, make_backend
@@ -61,11 +65,13 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     from swarm.sampling import produce_rollouts
     from swarm.signals import install_stop_signals
     from swarm.staleness import SecondsDelay
+    from swarm.progress import LineProgress
     from swarm.tasks import load_problems, shard_for_sampler
 
     stop = stop or threading.Event()
     install_stop_signals(stop)
     sampler_id = config.sampler_id or f"sampler-{os.getpid()}"
+    progress = progress or LineProgress(lambda m: echo(f"{sampler_id}: {m}"))
     run_dir = Path(config.run_dir or f"runs/{sampler_id}-{time.strftime('%Y%m%d-%H%M%S')}")
     keys = [decode_learner_key(k) for k in config.learner_keys]
     delay = SecondsDelay.parse(config.pickup_delay)
@@ -80,10 +86,16 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
     problems = shard_for_sampler(load_problems(config.task, config.task_options(), tokenizer=backend.tokenizer), sampler_id)
     made = not run_dir.exists()
+    fabric = None
     try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
         write_config(config, run_dir / "config.yaml")
         fabric = join_with(config, "sampler")
+        # --dashboard-port: the swarm as this sampler's own fabric reads it
+        dashboard = peer_dashboard(config, fabric, run_dir=run_dir, learner_keys=keys,
+                                   announcements_from="the learner key(s) this sampler follows")
     except BaseException:
+        if fabric is not None:
+            fabric.shutdown()
         if made:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -100,6 +112,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     rng = random.Random(sampler_id)
     # what the heartbeat says (the generation loop and the follower update it; the pulse reads it)
     status = {"version": 0, "sent": 0, "tokens_per_s": 0.0, "fetch": None}
+    refusals = Refusals()  # for its record: `swarm status` flags a sampler whose groups are all refused
 
     def beat() -> None:
         last = status["fetch"]
@@ -107,6 +120,8 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
             holds = tuple(store.states) if fabric.dialable else ()
         fabric.heartbeat(Heartbeat(role="sampler", model=config.model, version=status["version"], rollouts=status["sent"],
                                    tokens_per_s=status["tokens_per_s"], holds=holds, relay=fabric.dialable,
+                                   heartbeat_s=fabric.heartbeat_s, refused=refusals.total, refused_in_a_row=refusals.in_a_row,
+                                   refusal=refusals.last,
                                    **({"fetch_version": last.version, "fetch_from": last.holder, "fetch_bytes": last.bytes,
                                        "fetch_s": round(last.seconds, 4)} if last else {})))
 
@@ -120,10 +135,13 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     follower = VersionFollower(fabric, store, keys, delay, random.Random(f"{sampler_id}-delay"),
                                echo=lambda m: echo(f"{sampler_id}: {m}"), on_fetch=fetched,
                                # no weight payload may be larger than this model's weights could be
-                               max_payload_bytes=payload_limit(backend.model.state_dict() if config.backend == "transformers" else None))
+                               max_payload_bytes=payload_limit(backend.model.state_dict() if config.backend == "transformers" else None),
+                               progress=progress)
     write_ready(run_dir, role="sampler", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
-                sampler_id=sampler_id, addresses=fabric.addresses())
+                sampler_id=sampler_id, addresses=fabric.addresses(), **({"dashboard": dashboard.url} if dashboard else {}))
     echo(f"sampler {sampler_id} ({fabric.peer_id}) joined run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
+    if dashboard is not None:
+        echo(f"{sampler_id}: dashboard of run '{config.run_id}' at {dashboard.url}")
     sampling = None  # the run's sampling settings, as the learner last announced them
     unreachable = fabric.unreachable_errors()
     current: int | None = None
@@ -172,6 +190,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                 acks = sender.send(learner, groups)
             except unreachable as exc:  # fault-tolerance boundary: the learner may be restarting
                 refused["learner unreachable"] += len(groups)
+                refusals.count([{"ok": False, "reason": "learner unreachable"}] * len(groups))
                 events.event("sent", learner=learner, version=current, groups=len(groups), accepted=0,
                              refused={"learner unreachable": len(groups)}, tokens=tokens)
                 echo(f"{sampler_id}: learner {learner} unreachable ({type(exc).__name__}); retrying")
@@ -180,6 +199,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
             accepted = sum(bool(a.get("ok")) for a in acks)
             sent += accepted
             round_refused = Counter(a.get("reason", "?") for a in acks if not a.get("ok"))
+            refusals.count(acks)
             refused.update(round_refused)
             events.event("sent", learner=learner, version=current, groups=len(groups), accepted=accepted,
                          refused=dict(round_refused), tokens=tokens)
@@ -202,6 +222,8 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
         sender.close()
         server.close()
         scorer.close()
+        if dashboard is not None:
+            dashboard.close()  # before the fabric it reads
         fabric.shutdown()
         events.close()
         reporter.close()

@@ -28,10 +28,11 @@ def run_trainer(
     run_dir: Path | None = None,
     on_step: Callable[[dict], None] | None = None,
     on_eval: Callable[[dict], None] | None = None,
+    progress=None,
 ) -> dict:
     """Train; returns {"config", "history" (per step), "evals" (every eval_every steps)}. With a
     `run_dir`, writes config.yaml and steps.jsonl there (and, as `report_to` asks, TensorBoard event
-    files or a wandb run)."""
+    files or a wandb run). `progress` (a swarm.progress.Progress) hears how far each evaluation is."""
     from swarm.evaluation import evaluate_policy
     from swarm.generation import SamplingParams
     from swarm.generation.transformers_backend import TransformersBackend
@@ -68,7 +69,7 @@ def run_trainer(
         model.eval()
         found = evaluate_policy(evaluator, scorer, test, samples=config.eval_samples, temperature=config.temperature,
                                 max_completion_length=config.max_completion_length, seed=10_000 + config.seed,
-                                stop_strings=config.stop_strings)
+                                stop_strings=config.stop_strings, progress=progress, label=f"eval at step {step}")
         result = {"step": step, "pass_at_1": found["pass_at_1"], "greedy_accuracy": found["greedy_accuracy"]}
         if on_eval:
             on_eval(result)

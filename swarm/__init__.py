@@ -30,6 +30,9 @@ The library, one concept per module:
 - checkpoint.py      - learner checkpoints in Hugging Face format, with optimizer state.
 - fabric/ (package)  - how peers find each other and move rollouts and weights: one interface,
                        two transports (hivemind, gRPC).
+- health.py          - what `swarm status` flags as wrong (late heartbeats, refused rollouts, a stalled
+                       learner, versions no sampler picks up), from the membership records.
+- progress.py        - progress of long steps: a rich bar on a terminal, plain lines elsewhere.
 - runlog.py          - what peers write to their run directory: ready.json, steps/events JSONL.
 - reporting.py       - --report-to: the JSONL records mirrored to TensorBoard and wandb.
 - signals.py         - SIGINT/SIGTERM stop a peer cleanly.

@@ -16,12 +16,16 @@ import logging
 import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from swarm.progress import Progress, ProgressTask
+
 logger = logging.getLogger(__name__)
+PROGRESS_AFTER_S = 2.0  # checkpoints quicker than this show no progress (the embedded policy's take ~0.1 s)
 PREFIX = "version-"
 STATE_FILE = "state.json"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -40,7 +44,9 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int, digest: str, config: dict,
-                    keep: int = 3) -> Path:
+                    keep: int = 3, progress: Progress | None = None) -> Path:
+    """Write version `version`'s checkpoint (see the module's docstring); `progress` hears of the
+    bytes written (weights, then optimizer state, then flushed to disk) once it takes a while."""
     root = checkpoint_dir(run_dir)
     for partial in root.glob(".tmp-*"):  # left by a writer killed mid-checkpoint (SIGKILL): never complete
         shutil.rmtree(partial, ignore_errors=True)
@@ -49,21 +55,39 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int,
         return final  # this version is already saved (e.g. checkpoint-every hit just before exit)
     tmp = root / f".tmp-{final.name}-{time.time_ns()}"
     tmp.mkdir(parents=True)
+    task = progress.task(f"checkpoint of version {version}", total=_expected_bytes(model, optimizer), unit="bytes",
+                         delay_s=PROGRESS_AFTER_S) if progress is not None else nullcontext()
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        (tmp / STATE_FILE).write_text(json.dumps({"version": version, "hash": digest, "config": config, "time": time.time()}, indent=2))
-        _fsync_files(tmp)  # the rename must not reach the disk before the files it names
-        if final.exists():  # a leftover without state.json: incomplete, replace it
-            shutil.rmtree(final)
-        tmp.rename(final)
+        with task:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            _written(task, tmp, "weights written")
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            (tmp / STATE_FILE).write_text(json.dumps({"version": version, "hash": digest, "config": config, "time": time.time()}, indent=2))
+            _written(task, tmp, "flushing to disk", last=True)
+            _fsync_files(tmp)  # the rename must not reach the disk before the files it names
+            if final.exists():  # a leftover without state.json: incomplete, replace it
+                shutil.rmtree(final)
+            tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
+
+
+def _expected_bytes(model, optimizer) -> int:
+    """About what a checkpoint writes: the weights and the optimizer's tensors, as held in memory."""
+    tensors = [*model.state_dict().values(), *(v for state in optimizer.state.values() for v in state.values())]
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _written(task, directory: Path, note: str, *, last: bool = False) -> None:
+    """Tell `task` (a ProgressTask, or a null context) the bytes now in `directory` (`last`: all of them)."""
+    if isinstance(task, ProgressTask):
+        done = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+        task.update(completed=done, total=done if last else max(done, task.total or 0), note=note)
 
 
 def _fsync_files(directory: Path) -> None:

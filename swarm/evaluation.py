@@ -4,10 +4,12 @@ routine (`evaluate_policy`) serves `swarm eval`, the demo and the in-process tra
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from swarm.config import EvalSettings, GenerationSettings, TaskSettings, default_of
+from swarm.progress import Progress, ProgressTask
 from swarm.tasks.base import Problem, cut_at_stop
 
 
@@ -31,10 +33,10 @@ class EvalResult:
         return asdict(self)
 
 
-def score_problems(backend, scorer, problems: Sequence[Problem], params, *, progress=None, job=None, chunk: int = 32,
-                   stop_strings: Sequence[str] = ()):
+def score_problems(backend, scorer, problems: Sequence[Problem], params, *, progress: ProgressTask | None = None,
+                   chunk: int = 32, stop_strings: Sequence[str] = ()):
     """Generate for each problem and score each completion up to its first stop string: returns
-    (per-problem correct fractions, unscorable, tokens)."""
+    (per-problem correct fractions, unscorable, tokens). `progress` is advanced by problems done."""
     fractions: list[float] = []
     unscorable = tokens = 0
     for start in range(0, len(problems), chunk):
@@ -47,29 +49,32 @@ def score_problems(backend, scorer, problems: Sequence[Problem], params, *, prog
             fractions.append(sum(1.0 for r in rewards if r is not None and r > 0.5) / len(rewards))
             tokens += gen.num_tokens()
         if progress is not None:
-            progress.advance(job, len(part))
+            progress.advance(len(part))
     return fractions, unscorable, tokens
 
 
 def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: int, temperature: float,
-                    max_completion_length: int, seed: int, greedy: bool = True, progress=None,
-                    stop_strings: Sequence[str] = ()) -> dict:
+                    max_completion_length: int, seed: int, greedy: bool = True, progress: Progress | None = None,
+                    stop_strings: Sequence[str] = (), label: str = "eval") -> dict:
     """The one evaluation routine: pass@1 over `samples` completions per problem (seeded) and,
     with `greedy`, temperature-0 accuracy, each completion scored up to its first stop string.
-    Returns {"pass_at_1", "greedy_accuracy", "unscorable", "completion_tokens"}; `progress` is a
-    rich Progress to advance, or None."""
+    Returns {"pass_at_1", "greedy_accuracy", "unscorable", "completion_tokens"}; `progress`
+    (swarm.progress) hears of the problems done, each pass a task named after `label`."""
     from swarm.generation import SamplingParams
 
+    def task(what: str):
+        return progress.task(f"{label}, {what}", total=len(problems), unit="problems") if progress is not None else nullcontext()
+
     sampled = SamplingParams(num_completions=samples, temperature=temperature, max_new_tokens=max_completion_length, seed=seed)
-    job = progress.add_task(f"sampling {samples} per problem", total=len(problems)) if progress is not None else None
-    fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=progress, job=job,
-                                                   stop_strings=stop_strings)
+    with task(f"{samples} sample{'s' if samples != 1 else ''} per problem") as job:
+        fractions, unscorable, tokens = score_problems(backend, scorer, problems, sampled, progress=job,
+                                                       stop_strings=stop_strings)
     greedy_accuracy = None
     if greedy:
-        job = progress.add_task("greedy decoding", total=len(problems)) if progress is not None else None
         params = SamplingParams(num_completions=1, temperature=0, max_new_tokens=max_completion_length)
-        g_fractions, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=progress, job=job,
-                                                             stop_strings=stop_strings)
+        with task("greedy") as job:
+            g_fractions, g_unscorable, g_tokens = score_problems(backend, scorer, problems, params, progress=job,
+                                                                 stop_strings=stop_strings)
         greedy_accuracy = sum(g_fractions) / len(g_fractions)
         unscorable += g_unscorable
         tokens += g_tokens
@@ -119,20 +124,19 @@ def evaluate(
     device: str = "cpu",
     dtype: str = "auto",
     seed: int = 0,
-    show_progress: bool = True,
+    progress: Progress | None = None,
     task_options: dict | None = None,
     echo: Callable[[str], None] | None = None,
 ) -> EvalResult:
     """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after). `split`
-    None is the task's own evaluation split; `echo` hears which problems, before they are evaluated."""
-    from rich.progress import Progress
-
+    None is the task's own evaluation split; `echo` hears which problems, before they are evaluated;
+    `progress` (swarm.progress) how far the evaluation is (and the embedded policy's first build)."""
     from swarm.generation import make_backend
     from swarm.model.loading import resolve_model_dir
     from swarm.rewards import RewardScorer
     from swarm.tasks import load_task
 
-    model_dir = resolve_model_dir(model, progress=show_progress)
+    model_dir = resolve_model_dir(model, progress=progress is not None and progress.terminal)
     from swarm.model.device import resolve_dtype
 
     dtype = resolve_dtype(dtype, device)
@@ -145,10 +149,9 @@ def evaluate(
     scorer = RewardScorer([("accuracy", 1.0)])
     started = time.time()
     try:
-        with Progress(disable=not show_progress, transient=True) as bar:
-            found = evaluate_policy(backend, scorer, chosen.problems, samples=samples, temperature=temperature,
-                                    max_completion_length=max_completion_length, seed=seed, greedy=greedy, progress=bar,
-                                    stop_strings=task.stop_strings)
+        found = evaluate_policy(backend, scorer, chosen.problems, samples=samples, temperature=temperature,
+                                max_completion_length=max_completion_length, seed=seed, greedy=greedy, progress=progress,
+                                stop_strings=task.stop_strings)
     finally:
         scorer.close()
     return EvalResult(model=model or "embedded", task=task_name, split=chosen.split, num_problems=len(chosen.problems),

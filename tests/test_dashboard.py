@@ -201,7 +201,7 @@ def test_read_swarm_counts_only_learners_announcements(transport):
     """`swarm dashboard`'s look at a real swarm (the observer `swarm status` uses): rows with model and
     relay, and the newest announcement of a learner; a sampler announcing a version from the future
     is ignored unless its key is the one given."""
-    from swarm.cli.dashboard import read_swarm
+    from swarm.dashboard import read_swarm
     from swarm.fabric.local import LocalFabrics
     from swarm.fabric.records import Heartbeat
     from swarm.fabric.transports import observe
@@ -386,3 +386,117 @@ def test_dashboard_in_a_real_browser_against_a_real_swarm(tmp_path):
                 except subprocess.TimeoutExpired:
                     proc.kill()
         log.close()
+
+
+# --- a peer's own dashboard (--dashboard-port)
+
+
+def state_at(url: str, host: str | None = None) -> dict | None:
+    try:
+        status, _, body = get(url + "api/state", host=host)
+    except OSError:
+        return None
+    return json.loads(body) if status == 200 else None
+
+
+@pytest.mark.timeout(400)
+def test_peers_serve_the_dashboard_themselves(tmp_path):
+    """`--dashboard-port 0` on a bootstrap node, a learner and a sampler (processes): each serves the
+    dashboard from its own process on a free loopback port, named in its ready.json; each page lists
+    the swarm's peers, shows the peer's own run directory beside its row, the learner's page its
+    announcement and the curves of its own steps.jsonl; a page asked for under another host name
+    refuses (loopback semantics, as `swarm dashboard`); every peer stops cleanly."""
+    from swarm.runlog import read_jsonl, wait_ready
+
+    procs = {}
+    log = (tmp_path / "peers.log").open("w")
+
+    def spawn(name, *args):
+        procs[name] = subprocess.Popen([*SWARM, *args, "--run-dir", str(tmp_path / name), "--dashboard-port", "0"],
+                                       stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        found = wait_ready(tmp_path / name, timeout_s=120, alive=lambda: procs[name].poll() is None)
+        assert found is not None, (tmp_path / "peers.log").read_text()[-3000:]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", found["dashboard"]), found
+        return found
+
+    def page_where(url, condition, what):
+        def check():
+            state = state_at(url)
+            return state if state is not None and condition(state) else None
+
+        return wait_for(check, 120, what)
+
+    def roles(state):
+        return {p["peer_id"]: p["role"] for p in state["peers"]}
+
+    try:
+        boot = spawn("boot", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(tmp_path / "boot.key"))
+        addr = boot["addresses"][0]
+        learner = spawn("learner", "learner", "--peers", addr, "--steps", "400", "--groups-per-step", "2",
+                        "--heartbeat-s", "1", "--checkpoint-every", "0", "--identity-dir", str(tmp_path / "ids"))
+        sampler = spawn("sampler", "sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "learner" / "learner.key"),
+                        "--prompts-per-round", "2", "--num-generations", "4", "--heartbeat-s", "1",
+                        "--identity-dir", str(tmp_path / "ids"))
+        both = {learner["peer_id"]: "learner", sampler["peer_id"]: "sampler"}
+
+        state = page_where(boot["dashboard"], lambda s: both.items() <= roles(s).items(), "the bootstrap's page to list both")
+        assert state["run_id"] == "swarm" and state["joined_through"] == boot["addresses"][-1:]
+        assert [(d["role"], d["peer_id"]) for d in state["run_dirs"]] == [("bootstrap", boot["peer_id"])]
+
+        state = page_where(learner["dashboard"], lambda s: s["steps"] is not None and both.items() <= roles(s).items(),
+                           "the learner's page to list both peers and show its first step")
+        own = next(p for p in state["peers"] if p["peer_id"] == learner["peer_id"])
+        assert own["run_dir"] == "learner"  # its own run directory, matched through its ready.json
+        assert state["announcement"]["peer_id"] == learner["peer_id"]
+        assert state["announcements_from"] == "this run's learner key"
+        steps = read_jsonl(tmp_path / "learner" / "steps.jsonl")
+        series = {s["name"]: s["values"] for s in state["steps"]["series"]}
+        assert state["steps"]["step"] == [r["step"] for r in steps][:len(state["steps"]["step"])]
+        assert series["reward_mean"][0] == pytest.approx(steps[0]["reward_mean"])
+
+        state = page_where(sampler["dashboard"], lambda s: both.items() <= roles(s).items(), "the sampler's page to list both")
+        assert next(p for p in state["peers"] if p["peer_id"] == sampler["peer_id"])["run_dir"] == "sampler"
+        assert state_at(sampler["dashboard"], host="evil.example") is None  # 403: only requests to localhost
+        assert get(sampler["dashboard"] + "api/state", host="evil.example")[0] == 403
+    finally:
+        for proc in reversed(procs.values()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        codes = {}
+        for name, proc in procs.items():
+            try:
+                codes[name] = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+                codes[name] = "hung"
+        log.close()
+    assert codes == {"boot": 0, "learner": 0, "sampler": 0}, (tmp_path / "peers.log").read_text()[-3000:]
+
+
+def test_dashboard_settings_are_checked_and_a_taken_port_fails_at_start_up(tmp_path):
+    import socket
+
+    from click.testing import CliRunner
+
+    from swarm.cli import main
+    from swarm.config import BootstrapConfig, LearnerConfig, SamplerConfig
+
+    assert BootstrapConfig().dashboard_port is None  # off unless asked for
+    for model in (LearnerConfig, SamplerConfig):
+        assert model.model_fields["dashboard_port"].default is None
+        assert model.model_fields["dashboard_host"].default == "127.0.0.1"
+    result = CliRunner().invoke(main, ["bootstrap", "--dashboard-host", "localhost"])
+    assert result.exit_code == 2 and "'localhost' is not an IP address" in result.output, result.output
+    result = CliRunner().invoke(main, ["bootstrap", "--dashboard-port", "70000"])
+    assert result.exit_code == 2 and "--dashboard-port" in result.output, result.output
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = subprocess.run([*SWARM, "bootstrap", "--host", "127.0.0.1", "--port", "0", "--run-dir", str(tmp_path / "boot"),
+                              "--identity", str(tmp_path / "boot.key"), "--dashboard-port", str(taken.getsockname()[1])],
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Address already in use" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "boot" / "ready.json").exists()  # it never said it was up

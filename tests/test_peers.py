@@ -52,6 +52,9 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         assert status.returncode == 0, status.stderr[-2000:]
         report = json.loads(status.stdout)
         assert report["learner_version"] == 0 and [p["role"] for p in report["peers"]] == ["learner"]
+        # what looks wrong: a learner alone gets no rollouts (and it is not late, nor stalled yet)
+        assert [f["kind"] for f in report["flags"]] == ["no_sampler"], report["flags"]
+        assert report["flags"][0]["command"] == f"swarm status --peers {addr} --run-id {report['run_id']} --watch 5"
         procs.append(spawn("sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "run" / "learner.key"),
                            "--prompts-per-round", "2", "--num-generations", "4",
                            "--identity-dir", str(tmp_path / "sampler"), "--run-dir", str(tmp_path / "sampler-run"),

@@ -39,7 +39,7 @@ def _eval(model: str, config: DemoConfig) -> dict:
 
     result = evaluate(model, config.task, limit=config.eval_problems, samples=config.eval_samples,
                       temperature=config.temperature, max_completion_length=config.max_completion_length,
-                      seed=config.seed, show_progress=False, task_options=config.task_options())
+                      seed=config.seed, task_options=config.task_options())
     return {"pass_at_1": result.pass_at_1, "greedy_accuracy": result.greedy_accuracy}
 
 
@@ -135,28 +135,31 @@ def print_result(console, config: DemoConfig, before: dict, after: dict, version
 
 def run_in_process_demo(config: DemoConfig, run_dir: Path) -> dict:
     """Sampler and learner in this process (peers/trainer.py); staleness simulated by `config.delay`."""
+    import sys
+
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from peers.trainer import run_trainer
     from swarm.cli.plots import plot_run
+    from swarm.progress import progress_for
 
     console = Console(stderr=True)
     console.print(f"[bold]swarm demo[/]: {config.loss.name} on {config.model}, {config.steps} steps of "
                   f"{config.groups_per_step} prompts x {config.num_generations} completions, delay {config.delay}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[info]}"), console=console) as bar:
-        job = bar.add_task("training", total=config.steps, info="")
+    # a bar on a terminal (the evaluations' beside it), plain lines in a log
+    progress = progress_for(sys.stderr, transient=False)
+    with progress.task("training", total=config.steps, unit="steps", keep=True) as job:
         state = {"eval": ""}
 
         def on_step(m):
-            bar.update(job, advance=1, info=f"reward {m['reward_mean']:.2f}  staleness {m['staleness_mean']:.1f}  {state['eval']}")
+            job.advance(1)
+            job.update(note=f"reward {m['reward_mean']:.2f}  staleness {m['staleness_mean']:.1f}  {state['eval']}")
 
         def on_eval(e):
             state["eval"] = f"held-out pass@1 {e['pass_at_1']:.2f} (step {e['step']})"
-            bar.update(job, info=state["eval"])
+            job.update(note=state["eval"])
 
-        result = run_trainer(config.trainer_config(), run_dir=run_dir, on_step=on_step, on_eval=on_eval)
+        result = run_trainer(config.trainer_config(), run_dir=run_dir, on_step=on_step, on_eval=on_eval, progress=progress)
     (run_dir / "evals.json").write_text(json.dumps(result["evals"], indent=2))
     plot = plot_run(result["history"], result["evals"], run_dir / "training.png", f"{config.loss.name}, delay {config.delay}")
     return {"before": result["evals"][0], "after": result["evals"][-1], "version": config.steps, "plot": str(plot)}

@@ -23,6 +23,7 @@ def eval_command(config_file, as_json, **options):
     Reads a dataset's own test split, every row of a single file, or the arithmetic test split
     (--split chooses), and says which problems before it starts."""
     from swarm.evaluation import evaluate
+    from swarm.progress import progress_for
 
     config = config_from_options("eval", config_file, options)
     with user_errors(OSError, ImportError):  # an unreadable file, a missing optional extra (--backend vllm)
@@ -30,7 +31,8 @@ def eval_command(config_file, as_json, **options):
             config.model, config.task, split=config.split, limit=config.eval_problems, samples=config.eval_samples,
             temperature=config.temperature, max_completion_length=config.max_completion_length, greedy=config.greedy,
             backend_name=config.backend, device=config.device, dtype=config.dtype, seed=config.seed,
-            show_progress=not as_json and sys.stderr.isatty(), task_options=config.task_options(),
+            # a bar on a terminal, plain lines in a log; on stderr: --json keeps stdout to the result
+            progress=progress_for(sys.stderr, echo=lambda line: click.echo(line, err=True)), task_options=config.task_options(),
             echo=lambda line: click.echo(line, err=True),  # stderr: --json keeps stdout to the result
         )
     if as_json:

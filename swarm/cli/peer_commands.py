@@ -23,6 +23,16 @@ def _join_failures() -> tuple[type[BaseException], ...]:
     return (JoinError, TimeoutError, OSError, ImportError)
 
 
+def _progress():
+    """A peer's progress of long steps (checkpoints, downloads): a bar on a terminal, else lines
+    among its output."""
+    import sys
+
+    from swarm.progress import progress_for
+
+    return progress_for(sys.stdout, echo=click.echo)
+
+
 @click.command("bootstrap", cls=GroupedCommand)
 @config_options(BootstrapConfig)
 def bootstrap_command(config_file, **options):
@@ -51,7 +61,7 @@ def learner_command(config_file, **options):
     if config.run_dir is None:
         config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
     with user_errors(*_join_failures()):
-        result = run_learner(config, echo=click.echo)
+        result = run_learner(config, echo=click.echo, progress=_progress())
     click.echo(f"learner stopped at version {result['version']} ({result['used']} groups used, dropped {result['dropped']}, "
                f"refused on receipt {result['refused'] or 'none'}, banned {result['banned'] or 'none'}); run directory {result['run_dir']}")
 
@@ -68,7 +78,7 @@ def sampler_command(config_file, **options):
 
     config = config_from_options("sampler", config_file, options)
     with user_errors(*_join_failures()):
-        result = run_sampler(config, echo=click.echo)
+        result = run_sampler(config, echo=click.echo, progress=_progress())
     click.echo(f"sampler stopped: {result['sent']} groups accepted over {result['rounds']} rounds, at version "
                f"{result['version']}; refused by the learner: {result['refused'] or 'none'}; run directory {result['run_dir']}")
 
@@ -89,20 +99,51 @@ def swarm_option(name: str, **kwargs):
 @click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
               help="refresh every this many seconds")
 def status_command(peers, run_id, transport, as_json, watch):
-    """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer."""
+    """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer; then
+    what looks wrong (late heartbeats, refused rollouts, a stalled learner, versions no sampler has
+    picked up), each with the command that shows more."""
+    from swarm.health import status_flags, swarm_args
+
     with observe_swarm(transport, run_id, peers) as observer:
         try:
             while True:
-                learner_version, rows = status_rows(observer.now(), observer.members())
+                now, members = observer.now(), observer.members()
+                learner_version, rows = status_rows(now, members)
+                flags = status_flags(now, members, _announced_version(observer, members),
+                                     args=swarm_args(peers, run_id, transport))
                 if as_json:
-                    click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows}))
+                    click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
+                                           "flags": flags}))
                 else:
                     _print_status(run_id, learner_version, rows)
+                    _print_flags(flags)
                 if not watch:
                     break
                 time.sleep(watch)
         except KeyboardInterrupt:
             pass
+
+
+def _announced_version(observer, members: list) -> int | None:
+    """The newest version announced under the key of a peer whose record says learner (None: none,
+    or the lookup failed: the flags then go by the learners' records)."""
+    keys = [m.owner for m in members if m.record.role == "learner"]
+    try:
+        announced = observer.latest_announced(keys) if keys else None
+    except (*observer.unreachable_errors(), TimeoutError):
+        return None
+    return None if announced is None else announced.version
+
+
+def _print_flags(flags: list[dict]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    if not flags:
+        console.print("nothing looks wrong")
+    for flag in flags:  # the messages quote peers' own records: printed as text, never as markup
+        console.print(f"! {flag['message']}", markup=False, highlight=False)
+        console.print(f"    more: {flag['command']}", markup=False, highlight=False, soft_wrap=True)  # whole, to copy
 
 
 @contextmanager
@@ -121,18 +162,11 @@ def observe_swarm(transport: str, run_id: str, peers) -> Iterator:
 
 
 def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
-    """The learner's version (the newest a learner's record holds; None without a learner) and one
-    row per member, as `swarm status --json` prints them. Every string in a row is the peer's own."""
-    learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
-    rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
-             "staleness": None if learner_version is None else learner_version - m.record.version,
-             "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
-             "last_heartbeat_s": round(now - m.record.time, 1), "software": m.record.software,
-             "holds": list(m.record.holds),
-             "last_fetch": None if m.record.fetch_version < 0 else {
-                 "version": m.record.fetch_version, "source": m.record.fetch_from, "bytes": m.record.fetch_bytes,
-                 "seconds": m.record.fetch_s}} for m in members]
-    return learner_version, rows
+    """The learner's version and one row per member, as `swarm status --json` prints them: the
+    library's `swarm.dashboard.live.status_rows` (a peer's own dashboard shows the same rows)."""
+    from swarm.dashboard.live import status_rows as rows_of
+
+    return rows_of(now, members)
 
 
 def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:

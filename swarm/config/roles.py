@@ -11,6 +11,7 @@ from pydantic import field_validator, model_validator
 from swarm.config.base import Settings, aliased, same_as, setting
 from swarm.config.settings import (
     GENERATION_BACKENDS,
+    DashboardSettings,
     DeviceSettings,
     TRANSPORTS,
     Directory,
@@ -45,7 +46,7 @@ def real_model_completion_length(config):
     return config
 
 
-class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSettings, ReportSettings):
+class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSettings, ReportSettings, DashboardSettings):
     """`swarm learner`: trains on rollouts from samplers and publishes versions."""
 
     dtype: Literal["auto", "float32", "bfloat16"] = setting(
@@ -89,7 +90,7 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
                                        "on float32, bfloat16 and float16 samplers: benchmarks/logprob_tolerance.py)")
 
 
-class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings):
+class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings, DashboardSettings):
     """`swarm sampler`: generates and scores rollouts with the newest version it may use, sampled
     as the learner announces (temperature, top-k, top-p, longest completion)."""
 
@@ -170,7 +171,7 @@ class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSett
         return spec
 
 
-class BootstrapConfig(Settings):
+class BootstrapConfig(DashboardSettings):
     """`swarm bootstrap`: the node peers join through. It holds no model."""
 
     host: ListenHost = setting("0.0.0.0", group="swarm", help="address to listen on (0.0.0.0: every IPv4 interface)")

@@ -301,6 +301,20 @@ class ReportSettings(Settings):
         return check_report_to(sinks)
 
 
+class DashboardSettings(Settings):
+    """The live dashboard a peer may serve itself (swarm/dashboard/): the page `swarm dashboard` serves."""
+
+    dashboard_port: Optional[int] = setting(
+        None, group="output", ge=0, le=65535,
+        help="serve the live dashboard of the swarm (the page `swarm dashboard` serves, with this peer's run directory) "
+             "from this peer on this port (0: a free one; its URL is printed and written to ready.json); unset: none")
+    dashboard_host: ListenHost = setting(
+        "127.0.0.1", group="output",
+        help="address the dashboard listens on (the default, loopback, keeps it to this machine and answers only requests "
+             "to localhost: reach it from elsewhere through an SSH tunnel)")
+    dashboard_poll_s: float = setting(1.5, group="output", ge=0.2, help="seconds between the dashboard's readings of the swarm")
+
+
 class TrainingSettings(Settings):
     """What the learner and the in-process trainer share: loss, optimizer, schedule, batch."""
 

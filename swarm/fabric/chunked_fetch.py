@@ -74,8 +74,10 @@ class ChunkedFetch:
     def __init__(self, client, book: ChunkBook, spec: ChunkSpec, sources: ChunkSources, me: str, *,
                  unreachable: tuple[type[BaseException], ...], on_corrupt: Callable[[str, BaseException], None],
                  on_unreachable: Callable[[str, BaseException], None] | None = None,
-                 rng: random.Random | None = None, deadline_s: float | None = None) -> None:
+                 rng: random.Random | None = None, deadline_s: float | None = None,
+                 on_chunk: Callable[[int], None] | None = None) -> None:
         self.client, self.book, self.spec, self.me = client, book, spec, me
+        self.on_chunk = on_chunk  # hears the size of each verified chunk kept (from a worker thread): progress
         self.whole = list(sources.whole)
         self.sharers = list(sources.sharers)
         self.unreachable, self.on_corrupt, self.on_unreachable = unreachable, on_corrupt, on_unreachable
@@ -208,6 +210,8 @@ class ChunkedFetch:
         with self._cond:
             self.received[peer] += len(data)
             self._progress = time.monotonic()
+        if self.on_chunk is not None:
+            self.on_chunk(len(data))
         return True
 
     def _strike(self, peer: str, exc: BaseException) -> None:

@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Sequence
 from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.versions import Announced, FetchResult, HolderBusy, VersionStore
 from swarm.fabric.weight_delta import CorruptVersion
+from swarm.progress import Progress, ProgressTask
 
 logger = logging.getLogger(__name__)
 SHUN_S = 300.0  # how long a holder that served a version that does not verify is not asked again
@@ -34,6 +35,7 @@ UNREACHABLE_SHUN_S = 60.0  # how long a holder that could not be reached (or tim
 MAX_RELAYS_TRIED = 3  # relays asked per attempt before the learner: a swarm of fake holders costs a few dials, not N
 BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random wait in this range, doubling
 BUSY_RETRY_MAX_S = 5.0  # with each busy round in a row, up to this
+PROGRESS_AFTER_S = 2.0  # a fetch shows its progress once it has taken this long (deltas of small models never do)
 
 
 def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
@@ -108,8 +110,9 @@ class VersionFollower:
     def __init__(self, fabric, store: VersionStore, learner_keys: list[bytes], delay, rng: random.Random, *,
                  echo: Callable[[str], None], on_fetch: Callable[[FetchResult], None] | None = None,
                  poll_s: float = 1.0, max_payload_bytes: int | None = None, relay: bool = True,
-                 chunked: bool = True) -> None:
+                 chunked: bool = True, progress: Progress | None = None) -> None:
         self.fabric, self.store, self.keys, self.delay, self.rng, self.echo = fabric, store, learner_keys, delay, rng, echo
+        self.progress = progress  # hears the bytes of a fetch that takes a while
         self.on_fetch, self.poll_s, self.relay, self.chunked = on_fetch, poll_s, relay, chunked and relay
         self.client = fabric.weight_client(**({"max_payload_bytes": max_payload_bytes} if max_payload_bytes else {}))
         self.ready_at: dict[int, float] = {}
@@ -136,6 +139,11 @@ class VersionFollower:
         if peer != self.learner_peer:  # the learner is always asked: it may be restarting
             self._shunned[peer] = max(self._shunned.get(peer, 0.0), time.monotonic() + UNREACHABLE_SHUN_S)
 
+    def _task(self, label: str, total: int | None) -> ProgressTask | None:
+        if self.progress is None:
+            return None
+        return self.progress.task(label, total, unit="bytes", delay_s=PROGRESS_AFTER_S)
+
     def _members(self) -> list:
         if not self.relay:
             return []
@@ -155,6 +163,8 @@ class VersionFollower:
         if chunked is not None:
             return chunked
         holders = holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
+        task = self._task(f"fetching version {ann.version}", None)
+        self.client.on_received = task.advance if task is not None else None
         try:
             return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable,
                                       on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
@@ -167,6 +177,10 @@ class VersionFollower:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
                                               on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
             raise
+        finally:
+            self.client.on_received = None
+            if task is not None:
+                task.close()
 
     def _fetch_chunked(self, ann: Announced, members: list, unreachable) -> FetchResult | None:
         """The announced version in chunks, shared out with the peers fetching it too
@@ -184,8 +198,10 @@ class VersionFollower:
         sharers = [p for p in sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
                    if p == me or not self._is_shunned(p)]
         started = time.time()
+        task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)
         fetch = ChunkedFetch(self.client, self.store.book, spec, ChunkSources(relays + [ann.peer_id], sharers), me,
-                             unreachable=unreachable, on_corrupt=self._shun, on_unreachable=self._unreachable, rng=self.rng)
+                             unreachable=unreachable, on_corrupt=self._shun, on_unreachable=self._unreachable, rng=self.rng,
+                             on_chunk=task.advance if task is not None else None)
         try:
             partial = fetch.run()
         except ChunkedFetchFailed as exc:
@@ -193,6 +209,9 @@ class VersionFollower:
             log = self.echo if self._chunk_failures in (1, 10) or self._chunk_failures % 100 == 0 else logger.info
             log(f"version {ann.version} in chunks failed ({exc}); fetching it whole")
             return None
+        finally:
+            if task is not None:
+                task.close()
         try:
             result = self.client.rebuild(max(fetch.received, key=fetch.received.get), latest if kind == "delta" else None,
                                          [partial.payload()], ann.version, ann.hash, self.store, ann.recent, started)

@@ -366,7 +366,7 @@ class GrpcWeightClient(RebuildingClient):
         messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))
         try:
             sizes = self._sizes(holder, have, want, next(messages, None), single)
-            return [self._payload(holder, messages, size) for size in sizes]
+            return [self._payload(holder, messages, size, single) for size in sizes]
         finally:
             messages.cancel()  # a refused transfer stops the holder's sending as well
 
@@ -387,7 +387,7 @@ class GrpcWeightClient(RebuildingClient):
         limit = self.max_payload_bytes if single is None else single
         return [check_payload_size(size, holder, limit) for size in sizes]  # all, before reading any
 
-    def _payload(self, holder: str, messages, size: int) -> bytes:
+    def _payload(self, holder: str, messages, size: int, single: int | None = None) -> bytes:
         parts, got = [], 0
         while got < size:
             chunk = next(messages, None)
@@ -398,6 +398,8 @@ class GrpcWeightClient(RebuildingClient):
                                      f"payload (chunks are 1..{CHUNK_BYTES} bytes and end where the payload does)")
             parts.append(chunk)
             got += len(chunk)
+            if self.on_received is not None and single is None:
+                self.on_received(len(chunk))
         return b"".join(parts)  # a wrong content fails the hash check
 
     def close(self) -> None:

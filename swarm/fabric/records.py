@@ -21,6 +21,47 @@ from swarm.fabric.authority import MAX_CERTIFICATE_CHARS
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
 MAX_HOLDS_LISTED = 16  # versions a membership record lists as held (the newest)
+MAX_SECONDS = 1e9  # a duration in a record (about 30 years): bounds what a peer may claim
+# Why a learner refused a sampler's groups, as a sampler's record says it (a fixed set: a record
+# carries no free text of the learner's): its version was too old / from the future, the learner's
+# queue was full, the learner is shutting down, the sampler is banned, a group sent before, one the
+# learner could not take (malformed, too large: another model or software version?), too many
+# streams open at the learner, the learner could not be reached; anything else.
+REFUSALS = ("stale", "future", "busy", "leaving", "banned", "duplicate", "malformed", "streams", "unreachable", "other")
+_REFUSAL_WORDS = (("steps stale", "stale"), ("from the future", "future"), ("leaving", "leaving"), ("banned", "banned"),
+                  ("duplicate", "duplicate"), ("rollout streams", "streams"), ("unreachable", "unreachable"),
+                  ("busy", "busy"))
+
+
+def refusal_category(reason: str) -> str:
+    """The REFUSALS entry for a learner's refusal `reason` (the text of its ack, or the sampler's
+    own "learner unreachable"); a group the learner's wire checks (swarm.fabric.wire) refused is
+    "malformed"."""
+    text = str(reason)
+    for words, kind in _REFUSAL_WORDS:
+        if words in text:
+            return kind
+    malformed = ("could not be decoded", "exceeds", "must", "outside the vocabulary", "not a msgpack", "wire format",
+                 "need ", "lengths sum", "log-probs for", "not a map", "tokens but")
+    return "malformed" if any(words in text for words in malformed) else "other"
+
+
+@dataclass
+class Refusals:
+    """A sampler's tally of the learner's refusals, for its record: in all, in a row since a group
+    was last accepted, and the last one's REFUSALS kind."""
+
+    total: int = 0
+    in_a_row: int = 0
+    last: str = ""
+
+    def count(self, acks: Sequence[Mapping]) -> None:
+        """Count one send's acks ({"ok": bool, "reason": str}), in order."""
+        for ack in acks:
+            if ack.get("ok"):
+                self.in_a_row = 0
+            else:
+                self.total, self.in_a_row, self.last = self.total + 1, self.in_a_row + 1, refusal_category(ack.get("reason", ""))
 
 
 class MemberRecord(BaseModel):
@@ -47,6 +88,18 @@ class MemberRecord(BaseModel):
     relay: StrictBool = False
     # a learner other than the run owner: the owner's certificate for its key (swarm.fabric.authority)
     certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
+    # what `swarm status` flags come from (swarm.health); 0 / "" from peers older than these fields.
+    # the seconds between its heartbeats (a record later than a few of them is late)
+    heartbeat_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    # a sampler: groups the learner refused in all, those refused in a row since one was accepted,
+    # and why the last one was (one of REFUSALS)
+    refused: conint(ge=0, strict=True) = 0
+    refused_in_a_row: conint(ge=0, strict=True) = 0
+    refusal: constr(regex=f"^({'|'.join(REFUSALS)})?$", strict=True) = ""
+    # a learner: its usual seconds between steps (median of recent steps; 0 before the first) and
+    # the seconds since its last step (or since it started, before the first), at `time`
+    step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    since_step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,9 +208,17 @@ class Heartbeat:
     fetch_s: float = 0.0
     relay: bool = False  # passes on chunks of the versions it receives
     certificate: str = ""  # a learner other than the run owner: the owner's certificate for it
+    heartbeat_s: float = 0.0  # seconds between its heartbeats
+    refused: int = 0  # a sampler: groups the learner refused, in all and in a row; the last one's REFUSALS kind
+    refused_in_a_row: int = 0
+    refusal: str = ""
+    step_s: float = 0.0  # a learner: usual seconds between steps (0: none yet), seconds since the last one
+    since_step_s: float = 0.0
 
     def record(self, peer_id: str, now: float) -> "MemberRecord":
         fields = asdict(self)
+        fields.update(heartbeat_s=float(self.heartbeat_s), refused=int(self.refused), refused_in_a_row=int(self.refused_in_a_row),
+                      step_s=min(float(self.step_s), MAX_SECONDS), since_step_s=min(max(float(self.since_step_s), 0.0), MAX_SECONDS))
         fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts), relay=bool(self.relay),
                       tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
                       fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import msgpack
 import torch
@@ -57,6 +57,7 @@ class OversizedPayload(CorruptVersion):
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
 WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
+RECEIVE_PIECE_BYTES = 1 << 20  # a whole payload is read in pieces of this size when its progress is followed
 
 
 def send_deadline(size: int) -> float:
@@ -413,9 +414,12 @@ def refuse_unless_ok(header: dict, holder, want: int) -> None:
 
 class RebuildingClient:
     """Fetches a version from a holder and rebuilds it against what this peer already holds;
-    transports supply `_payloads(holder, have, want)`, each payload at most `max_payload_bytes`."""
+    transports supply `_payloads(holder, have, want)`, each payload at most `max_payload_bytes`.
+    `on_received(n)`, when set, hears of every piece of n bytes of a whole version as it arrives
+    (from the transport's thread): a download's progress."""
 
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    on_received: Callable[[int], None] | None = None
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
@@ -511,10 +515,18 @@ class WeightClient(RebuildingClient):
         at most that many bytes."""
         from hivemind.p2p import P2P
 
-        async def receive(limit: int) -> bytes:
+        async def receive(limit: int, counted: bool = False) -> bytes:
             # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
-            size = int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER)
-            return await reader.readexactly(check_payload_size(size, peer_id, limit))
+            size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER), peer_id, limit)
+            heard = self.on_received if counted else None
+            if heard is None:
+                return await reader.readexactly(size)
+            parts = []  # in pieces, each one heard of (readexactly holds the whole payload twice at its end too)
+            while size > 0:
+                parts.append(await reader.readexactly(min(size, RECEIVE_PIECE_BYTES)))
+                size -= len(parts[-1])
+                heard(len(parts[-1]))
+            return b"".join(parts)
 
         reader, writer = await self._client.open(peer_id)
         try:
@@ -530,7 +542,7 @@ class WeightClient(RebuildingClient):
                 check_payload_count(header.get("count"), None, want, peer_id)
                 return [await receive(single)]
             count = check_payload_count(header.get("count"), have, want, peer_id)
-            return [await receive(self.max_payload_bytes) for _ in range(count)]
+            return [await receive(self.max_payload_bytes, counted=True) for _ in range(count)]
         finally:
             writer.close()
 
