@@ -17,6 +17,7 @@ from swarm.logprobs import completion_logprobs
 from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.losses.base import BatchTotals, batch_totals
+from swarm.losses.diagnostics import StepDiagnostics
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
@@ -141,6 +142,23 @@ class LearnerCore:
         # .resync/.reason (this learner is out of step: OutOfStep is raised, nothing changes) and .metrics
         self.gradient_averager: Callable | None = None
         self.update_lock = contextlib.nullcontext()
+        self._diagnostics_state: dict = {}  # the previous step's gradient and update, for step_diagnostics
+
+    # Per-step gradient and movement diagnostics (swarm/losses/diagnostics.py: StepDiagnostics): the
+    # positive- and negative-advantage parts' gradient norms, the update's size and direction, KL by
+    # staleness. Off: they cost three extra backward passes and one forward. Set True to turn on
+    # (benchmarks/gepo_weak_spot.py does, for the whole process).
+    step_diagnostics: bool = False
+
+    @torch.no_grad()
+    def _logprobs_after_step(self, key):
+        batch, temperature, top_k, top_p = key
+        dev = self.device
+        with self._autocast():
+            return completion_logprobs(
+                self.model, batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
+                batch.completion_mask.to(dev), temperature=temperature, top_k=top_k, top_p=top_p,
+                chunk=self.logprob_chunk)
 
     @classmethod
     def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
@@ -220,6 +238,7 @@ class LearnerCore:
         self.optimizer.zero_grad(set_to_none=True)
         totals = totals_of(groups)
         sums: dict[str, float] = {}
+        diagnostics = StepDiagnostics(self.model, self.loss, self._diagnostics_state) if self.step_diagnostics else None
         fresh_gap, fresh_tokens = 0.0, 0  # sampler-learner log-prob gap on groups of the current version
         dev = self.device
         for chunk in plan_micro_batches(groups, self.micro_batch_groups, self.micro_batch_tokens):
@@ -234,7 +253,10 @@ class LearnerCore:
                 )
             sampler = batch.sampler_logprobs.to(dev)
             with batch_totals(totals):
-                out = compute_loss(LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev)), self.loss)
+                inputs = LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev))
+                out = compute_loss(inputs, self.loss)
+                if diagnostics is not None:  # extra gradients of the loss's parts, before backward frees the graph
+                    diagnostics.micro_batch(inputs, self.version - batch.versions.to(dev), (batch, temperature, top_k, top_p))
             out.loss.backward()
             share = batch.completion_ids.size(0) / totals.rows
             for k, v in out.metrics_as_floats().items():
@@ -254,9 +276,13 @@ class LearnerCore:
                                 "skipped", {**sums, "grad_norm": float(grad_norm)})
         staleness = [self.version - g.version for g in groups]
         rewards = [r for g in groups for r in g.rewards if r is not None]
+        if diagnostics is not None:
+            diagnostics.before_update()
         with self.update_lock:  # another thread may copy the weights and optimizer state (swarm.team)
             self.optimizer.step()
             self.version += 1
+        if diagnostics is not None:
+            sums.update(diagnostics.finish(self._logprobs_after_step))
         sums.update(
             grad_norm=float(grad_norm),
             learning_rate=learning_rate,

@@ -126,6 +126,12 @@ class LossConfig(Settings):
     gepo_expectation: Literal["group", "batch"] = setting(
         "group", group="loss", help="GEPO's E_q[q] over each prompt's group (the paper) or over the whole micro-batch "
                                      "(what the reference code does; for comparison only)")
+    gepo_clip: Literal["weight", "ratio", "weight+token", "weight+token-neg"] = setting(
+        "weight", group="loss", help="GEPO: the PPO clip acts on the weight p / E_q[q] (the paper); or on the sequence's "
+                                     "own ratio p / q, the weight still scaling the gradient; or on the weight, and also "
+                                     "drops the gradient of each token whose own ratio p_t / q_t is past the clip range as "
+                                     "GRPO's clip would (of every token, or of negative-advantage ones only: "
+                                     "weight+token-neg) (benchmarks/gepo_weak_spot.py)")
     max_completion_length: Optional[int] = setting(
         None, group="loss", gt=0, help="Dr.GRPO's constant normaliser: the samplers' max_completion_length "
                                         "(unset: the batch's padded width)")

@@ -18,12 +18,16 @@ from swarm.losses.base import (
     valid_sequences,
     weighted_mean_var,
 )
+from swarm.losses.diagnostics import sign_split_metrics, token_escape_metrics
 from swarm.losses.registry import LossConfig, clip_range, register_loss
 
 
-def clipped_sequence_loss(log_weight: Tensor, inputs: LossInputs, config: LossConfig) -> tuple[Tensor, dict]:
+def clipped_sequence_loss(log_weight: Tensor, inputs: LossInputs, config: LossConfig,
+                          token_keep: Tensor | None = None) -> tuple[Tensor, dict]:
     """PPO clip on a per-sequence weight exp(log_weight) (B,); mean over sequences. Shared by GSPO
-    and GEPO, which differ only in the denominator inside `log_weight`."""
+    and GEPO, which differ only in the denominator inside `log_weight`. `token_keep` (B, T): the
+    tokens that carry the sequence's gradient when `log_weight`'s gradient was masked to them
+    (GEPO's gepo_clip="weight+token"), for the metrics only."""
     eps_low, eps_high = clip_range(config)
     weight = clamped_exp(log_weight)
     objective, clipped = ppo_clip_objective(weight, inputs.advantages, eps_low, eps_high)
@@ -31,7 +35,19 @@ def clipped_sequence_loss(log_weight: Tensor, inputs: LossInputs, config: LossCo
     valid = valid_sequences(inputs.mask)
     mean, var = weighted_mean_var(weight, valid)
     clip_frac = (clipped * valid).sum() / valid.sum().clamp(min=1)
-    return loss, {"is_weight_mean": mean, "is_weight_var": var, "clip_frac": clip_frac}
+    # each sequence's coefficient on its log-prob's gradient, in token units: the sequence log-prob is a
+    # mean over its tokens or their sum, and a sum gives each of its tokens the whole coefficient
+    coefficient = weight.detach() * inputs.advantages * (1 - clipped)
+    if config.seq_logprob_mode == "sum":
+        coefficient = coefficient * inputs.mask.sum(-1)
+    metrics = {"is_weight_mean": mean, "is_weight_var": var, "clip_frac": clip_frac,
+               **sign_split_metrics(clipped, coefficient, inputs.advantages, valid),
+               **token_escape_metrics(inputs, clipped, eps_low, eps_high)}
+    if token_keep is not None:  # the coefficients of the tokens that keep a gradient
+        per_token = coefficient[:, None] * token_keep / inputs.mask.sum(-1, keepdim=True).clamp(min=1)
+        split = sign_split_metrics(clipped[:, None].expand_as(token_keep), per_token, inputs.advantages, inputs.mask)
+        metrics.update(coef_pos_share=split["coef_pos_share"], coef_net=split["coef_net"])
+    return loss, metrics
 
 
 # GSPO (Zheng et al., 2025): s_i = (pi(y_i|x) / q(y_i|x))^(1/|y_i|), clip range 3e-4 / 4e-4 from

@@ -16,6 +16,7 @@ from swarm.losses.base import (
     ppo_clip_objective,
     weighted_mean_var,
 )
+from swarm.losses.diagnostics import sign_split_metrics
 from swarm.losses.registry import LossConfig, clip_range, register_loss
 
 Normaliser = Callable[[Tensor, Tensor, "int | None"], Tensor]
@@ -31,7 +32,11 @@ def _clipped_token_loss(inputs: LossInputs, config: LossConfig, normalise: Norma
     loss = -normalise(objective, mask, config.max_completion_length)
     mean, var = weighted_mean_var(ratio, mask)
     clip_frac = (clipped * mask).sum() / mask.sum().clamp(min=1)
-    return loss, {"is_weight_mean": mean, "is_weight_var": var, "clip_frac": clip_frac}
+    # each token's coefficient on its log-prob gradient, with its sequence's 1 / length (GRPO's
+    # mean over a sequence's tokens) so that a sequence's coefficients add up like a sequence weight's
+    coefficient = ratio.detach() * inputs.advantages[:, None] * (1 - clipped) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return loss, {"is_weight_mean": mean, "is_weight_var": var, "clip_frac": clip_frac,
+                  **sign_split_metrics(clipped, coefficient, inputs.advantages, mask)}
 
 
 @register_loss(
