@@ -19,10 +19,13 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+
+import yaml
 
 from benchmarks.common import RESULTS
 from swarm.progress import progress_for
@@ -48,12 +51,41 @@ def delay_spec(shape: str, staleness: int, drop_older_than: int | None = None) -
     return spec if drop_older_than is None or drop_older_than >= staleness else f"{spec}/drop:{drop_older_than}"
 
 
+def split_losses(text: str) -> list[str]:
+    """`--losses` entries: commas separate losses, except inside a variant's brackets."""
+    return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text) if m.strip()]
+
+
+def loss_settings(spec: str) -> dict:
+    """The LossConfig of a `--losses` entry: a registered loss's name (its paper's defaults), or a
+    variant NAME[key=value;key=value] (e.g. gepo[gepo_clip=weight+token-neg]), the entry being
+    the variant's label in every table. Raises ValueError naming what is wrong."""
+    from pydantic import ValidationError
+
+    from swarm.config import LossConfig
+
+    found = re.fullmatch(r"(\w+)(?:\[([^\]]*)\])?", spec)
+    if found is None:
+        raise ValueError(f"bad loss {spec!r}: a loss name, or NAME[key=value;...]")
+    settings: dict = {"name": found[1]}
+    for item in filter(None, (found[2] or "").split(";")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad setting {item!r} in {spec!r}: key=value")
+        settings[key.strip()] = yaml.safe_load(value.strip())  # numbers as numbers, words as strings
+    try:
+        LossConfig(**settings)
+    except ValidationError as exc:
+        raise ValueError(f"{spec}: {'; '.join(e['msg'] + ' at ' + '.'.join(map(str, e['loc'])) for e in exc.errors())}") from None
+    return settings
+
+
 def run_one(loss: str, staleness: int, seed: int, args) -> dict:
     from peers.trainer import run_trainer
     from swarm.config import TrainerConfig
 
     config = TrainerConfig(
-        loss={"name": loss}, steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
+        loss=loss_settings(loss), steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
         learning_rate=args.lr, max_staleness=max(staleness, 0),
         delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness, getattr(args, "drop_older_than", None)),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
@@ -158,7 +190,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.staleness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="gepo, grpo, gspo at staleness 0 and 64, one seed, short")
-    parser.add_argument("--losses", default=None, help="comma-separated (default: all, or the quick set)")
+    parser.add_argument("--losses", default=None,
+                        help="comma-separated (default: all, or the quick set); a variant of a loss with its own settings "
+                             "is NAME[key=value;...], e.g. gepo[gepo_clip=weight+token-neg], labelled so in the tables")
     parser.add_argument("--staleness", default=None, help="comma-separated maximum staleness levels (default 0,8,64)")
     parser.add_argument("--delay-shape", choices=DELAY_SHAPES, default="uniform",
                         help="how each group's delay is drawn up to the maximum staleness K: uniform over 0..K (default), "
@@ -167,6 +201,12 @@ def main(argv=None) -> int:
                         help="drop groups more than J steps old (prime-rl's rule, J = 8 there); a step still trains on "
                              "--prompts-per-step groups, fresher ones: the cost is sampling, reported as the share dropped")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per loss and level (default 3, 1 with --quick)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first seed (a later stage adding seeds 3-5 to a study of seeds 0-2: --first-seed 3)")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
+                        help="only write one report into --out from the finished studies (stages) in these directories: "
+                             "their runs together, each (loss, staleness, seed) once; they must share the training "
+                             "settings")
     parser.add_argument("--steps", type=int, default=None, help="learner steps per run (default 60, 40 with --quick)")
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -192,17 +232,25 @@ def main(argv=None) -> int:
             parser.error(f"--report-only: no {args.out / 'staleness.json'}; run the study first")
         print(report_again(args.out))
         return 0
-    losses = args.losses.split(",") if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
+    if args.combine:
+        print(combine(parser, args.combine, args.out))
+        return 0
+    losses = split_losses(args.losses) if args.losses else (["gepo", "grpo", "gspo"] if args.quick else ALL_LOSSES)
     levels = [int(x) for x in args.staleness.split(",")] if args.staleness else ([0, 64] if args.quick else [0, 8, 64])
     seeds = args.seeds or (1 if args.quick else 3)
     args.steps = args.steps or (40 if args.quick else 60)
     args.eval_problems = args.eval_problems or (100 if args.quick else 200)
     from swarm.losses import LOSSES
 
-    unknown = [loss for loss in losses if loss not in LOSSES]
-    if unknown or args.workers < 1 or any(k < 0 for k in levels):
+    unknown = [loss for loss in losses if (re.match(r"\w+", loss) or [""])[0] not in LOSSES]
+    if unknown or args.workers < 1 or args.first_seed < 0 or any(k < 0 for k in levels):
         parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSSES)}" if unknown else
-                     "--workers must be >= 1 and staleness levels >= 0")
+                     "--workers must be >= 1, --first-seed and staleness levels >= 0")
+    for loss in losses:
+        try:
+            loss_settings(loss)
+        except ValueError as exc:
+            parser.error(f"--losses: {exc}")
     if args.drop_older_than is not None:
         from swarm.staleness import DelayDistribution
 
@@ -220,7 +268,8 @@ def main(argv=None) -> int:
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "report_only", "resume")}  # out: no machine's paths
     if args.drop_older_than is not None:  # what dropping costs, recorded with the results
         settings["dropped_share"] = {str(k): round(f, 4) for k, f in dropped.items()}
-    planned = [(loss, k, seed) for seed in range(seeds) for k in levels for loss in losses]  # seed-major:
+    planned = [(loss, k, seed) for seed in range(args.first_seed, args.first_seed + seeds)
+               for k in levels for loss in losses]  # seed-major:
     # an interrupted study leaves whole seeds behind
     earlier = check_interrupted_study(parser, args, partial, planned, settings)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,6 +326,43 @@ def main(argv=None) -> int:
         partial.unlink()
     print(md)
     return 0
+
+
+def combine(parser, dirs: list[Path], out: Path) -> str:
+    """One report from several finished studies (the stages of a study too long for one sitting):
+    their runs together, refusing stages with other training settings and a (loss, staleness, seed)
+    that two stages ran to different results."""
+
+    runs: dict[tuple, dict] = {}
+    settings, minutes, stages = None, 0.0, []
+    for d in dirs:
+        path = d / "staleness.json"
+        if not path.is_file():
+            parser.error(f"--combine: no {path}; give directories of finished studies")
+        result = json.loads(path.read_text())
+        own = result["settings"]
+        if settings is None:
+            settings = dict(own)
+        changed = [k for k in TRAINING_SETTINGS if own.get(k) != settings.get(k)]
+        if changed:
+            parser.error(f"--combine: {d} ran with other settings than {dirs[0]} ("
+                         + ", ".join(f"{k}={own.get(k)!r} against {settings.get(k)!r}" for k in changed) + ")")
+        for run in result["runs"]:
+            key = (run["loss"], run["staleness"], run["seed"])
+            if key in runs and [e["pass_at_1"] for e in runs[key]["evals"]] != [e["pass_at_1"] for e in run["evals"]]:
+                parser.error(f"--combine: {key} was run by two stages to different results; rerun one of them")
+            runs.setdefault(key, run)
+        minutes += result.get("minutes") or 0.0
+        stages.append(f"{d.name} ({len(result['runs'])} runs)")
+    merged = list(runs.values())
+    losses = list(dict.fromkeys(r["loss"] for r in merged))
+    levels = sorted({r["staleness"] for r in merged})
+    seeds = len({r["seed"] for r in merged})
+    settings.update(losses=",".join(losses), staleness=",".join(map(str, levels)), seeds=seeds, combined=stages)
+    out.mkdir(parents=True, exist_ok=True)
+    note = (f"**Combined from {len(dirs)} stages** ({', '.join(stages)}): seeds differ by loss and level, as each "
+            "row's seeds column says.\n\n")
+    return report(merged, losses, levels, seeds, settings, minutes, out, note)
 
 
 if __name__ == "__main__":

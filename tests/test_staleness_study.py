@@ -180,3 +180,47 @@ def test_delay_shapes_map_a_maximum_staleness_to_a_delay_distribution():
     for shape in ("uniform", "fixed", "lognormal"):
         assert delay_spec(shape, 0) == "none"
         assert DelayDistribution.parse(delay_spec(shape, 8)).max_steps == 8
+
+
+@pytest.mark.slow
+def test_a_loss_variant_and_a_later_stage_of_seeds_combine_into_one_report(tmp_path):
+    """A variant NAME[key=value] runs with its own settings under its own label; a second stage adds
+    seeds (--first-seed) to the first; --combine reports both stages' runs together, each once, and
+    refuses stages trained with other settings."""
+    variant = "gepo[gepo_clip=weight+token-neg]"
+    first = study("--losses", f"grpo,{variant}", "--staleness", "2", "--seeds", "1", "--workers", "2",
+                  "--out", str(tmp_path / "s1"), *TINY)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = study("--losses", variant, "--staleness", "2", "--seeds", "1", "--first-seed", "1", "--workers", "1",
+                   "--out", str(tmp_path / "s2"), *TINY)
+    assert second.returncode == 0, second.stderr[-3000:]
+    s1 = json.loads((tmp_path / "s1" / "staleness.json").read_text())
+    assert {(r["loss"], r["seed"]) for r in s1["runs"]} == {("grpo", 0), (variant, 0)}
+    assert [r["seed"] for r in json.loads((tmp_path / "s2" / "staleness.json").read_text())["runs"]] == [1]
+
+    out = study("--combine", str(tmp_path / "s1"), str(tmp_path / "s2"), str(tmp_path / "s1"), "--out",
+                str(tmp_path / "all"), timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    combined = json.loads((tmp_path / "all" / "staleness.json").read_text())
+    assert sorted((r["loss"], r["seed"]) for r in combined["runs"]) == sorted([("grpo", 0), (variant, 0), (variant, 1)])
+    assert combined["summary"][f"{variant}@2"]["seeds"] == 2 and combined["summary"]["grpo@2"]["seeds"] == 1
+    assert "Combined from 3 stages" in (tmp_path / "all" / "staleness.md").read_text()
+
+    other = study("--losses", "grpo", "--staleness", "2", "--seeds", "1", "--workers", "1", "--out", str(tmp_path / "s3"),
+                  *TINY[:-2], "--advantage-every", "3")
+    assert other.returncode == 0, other.stderr[-3000:]
+    refused = study("--combine", str(tmp_path / "s1"), str(tmp_path / "s3"), "--out", str(tmp_path / "bad"), timeout=120)
+    assert refused.returncode == 2 and "ran with other settings" in refused.stderr and "advantage_every=3" in refused.stderr
+    assert not (tmp_path / "bad" / "staleness.json").exists()
+
+
+@pytest.mark.parametrize("losses, message", [
+    ("gepo[gepo_clip=sideways]", "Input should be 'weight'"),
+    ("gepo[clipping=1]", "Extra inputs are not permitted at clipping"),
+    ("gepo[epsilon]", "bad setting 'epsilon'"),
+    ("nope[epsilon=0.1]", "unknown loss(es) ['nope[epsilon=0.1]']"),
+])
+def test_a_bad_loss_variant_is_refused_by_name(tmp_path, losses, message):
+    out = study("--losses", losses, "--staleness", "0", "--out", str(tmp_path), timeout=120)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "staleness_runs.partial.jsonl").exists()
