@@ -116,7 +116,7 @@ def peer_processes_of(run_dir) -> list:
 def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     run_dir = tmp_path / "demo"
     out = run("demo", "--steps", "3", "--groups-per-step", "4", "--num-generations", "4", "--eval-problems", "20",
-              "--run-dir", str(run_dir), timeout=600)
+              "--report-to", "tensorboard", "--run-dir", str(run_dir), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "before" in out.stdout and "after" in out.stdout and "version 0 -> 3" in out.stdout
     steps = [json.loads(line) for line in (run_dir / "learner" / "steps.jsonl").read_text().splitlines()]
@@ -129,6 +129,10 @@ def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     assert sampler_config["num_generations"] == 4
     sent = [e for e in read_jsonl(run_dir / "sampler-0" / "events.jsonl") if e["event"] == "sent"]
     assert sent and {e["groups"] for e in sent} == {sampler_config["prompts_per_round"]}
+    # --report-to reached every peer: each wrote TensorBoard event files beside its JSONL
+    assert learner_config["report_to"] == sampler_config["report_to"] == ["tensorboard"]
+    for peer in ("learner", "sampler-0", "sampler-1"):
+        assert list((run_dir / peer / "tensorboard").glob("events.out.tfevents.*")), peer
     # the final checkpoint is the policy the "after" column measured: evaluating it again gives the same numbers
     final = run_dir / "learner" / "checkpoints" / "version-000003"
     evals = json.loads((run_dir / "evals.json").read_text())

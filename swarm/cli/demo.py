@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings, TrainingSettings
+from swarm.config.settings import ReportSettings
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
 
 # What the demo's samplers are told beyond the shared settings, and how often they report.
@@ -30,7 +31,7 @@ def peer_settings(config: DemoConfig) -> dict:
     learner["checkpoint_every"] = 0  # one checkpoint, at the end: the one evaluated
     sampler = {k: dumped[k] for k in SAMPLER_SETTINGS if k in SamplerConfig.model_fields}
     sampler["progress_every_s"] = PROGRESS_EVERY_S
-    shared = {k: dumped[k] for k in TaskSettings.model_fields}
+    shared = {k: dumped[k] for k in (*TaskSettings.model_fields, *ReportSettings.model_fields)}  # --report-to: every peer
     return {**shared, "learner": learner, "sampler": sampler}
 
 
