@@ -44,6 +44,45 @@ def drops(summary: dict, losses: list[str], levels: list[int]) -> list[list]:
     return out
 
 
+def by_level(runs: list[dict], losses: list[str], levels: list[int], key: str) -> list[list]:
+    """One row per loss, one column per staleness level: `key` (best or last pass@1, %) as mean ± sd
+    over seeds, with the seed count where it is not the same in every cell; then, for `last`, the
+    drop from online at each stale level, paired by seed (the same prompts at every level), so its
+    error bar is the spread of the per-seed drops."""
+    def cell(values):
+        if not values:
+            return "-"
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{100 * statistics.mean(values):.1f} ± {100 * sd:.1f}"
+
+    counts = {len(runs_of(runs, loss, k)) for loss in losses for k in levels} - {0}
+    rows = []
+    for loss in losses:
+        per_level = {k: {r["seed"]: r[key] for r in runs_of(runs, loss, k)} for k in levels}
+        row = [loss] + [cell(list(per_level[k].values())) + (f" ({len(per_level[k])})" if len(counts) > 1 and per_level[k] else "")
+                        for k in levels]
+        if key == "last" and min(levels) == 0:
+            for k in levels[1:]:
+                seeds = sorted(set(per_level[0]) & set(per_level[k]))
+                if not seeds:
+                    row.append("-")
+                    continue
+                diffs = [per_level[0][seed] - per_level[k][seed] for seed in seeds]
+                online = statistics.mean(per_level[0][seed] for seed in seeds)
+                sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+                row.append(f"{100 * statistics.mean(diffs):.1f} ± {100 * sd:.1f} "
+                           f"({100 * statistics.mean(diffs) / online:.0f}%)" if online else "-")
+        rows.append(row)
+    return rows
+
+
+def by_level_header(levels: list[int], key: str) -> list[str]:
+    header = ["loss"] + [f"{key} @ {k}" for k in levels]
+    if key == "last" and min(levels) == 0:
+        header += [f"drop @ {k}" for k in levels[1:]]
+    return header
+
+
 def mean_curve(runs: list[dict], loss: str, level: int) -> list[tuple[int, float]]:
     """(step, pass@1 averaged over seeds) at every evaluation of one loss at one staleness level."""
     sel = runs_of(runs, loss, level)
@@ -217,6 +256,10 @@ def report(runs: list[dict], losses: list[str], levels: list[int], seeds: int, s
           f"{minutes:.0f} min with {settings.get('workers', 1)} worker(s).\n",
           "Held-out pass@1 (T=1) on the arithmetic test split, in %, mean ± sd over seeds.\n\n",
           markdown_table(["loss", "max staleness", "best", "last", "best - last", "seeds"], rows),
+          "\n## Last pass@1 by loss and staleness, and the drop from online (paired by seed: points, relative)\n\n",
+          markdown_table(by_level_header(levels, "last"), by_level(runs, losses, levels, "last")),
+          "\n## Best pass@1 by loss and staleness\n\n",
+          markdown_table(by_level_header(levels, "best"), by_level(runs, losses, levels, "best")),
           f"\n## Drop of last accuracy from staleness {min(levels)} to {max(levels)}\n\n",
           markdown_table(["loss", f"last @ {min(levels)}", f"last @ {max(levels)}", "drop (points)", "drop (relative)"],
                          drops(summary, losses, levels)),
