@@ -45,13 +45,7 @@ class Proc:
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout` seconds; the exit status."""
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
+        stop_together([self], timeout)
         return self.popen.returncode
 
     def text(self) -> str:

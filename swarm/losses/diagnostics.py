@@ -25,12 +25,6 @@ from torch import Tensor
 from swarm.losses.base import MAX_LOG_RATIO
 
 
-def _share(x: Tensor, weight: Tensor) -> Tensor:
-    """sum(x * weight) / sum(weight) (0 when the weight is all 0), float32."""
-    weight = weight.detach().float()
-    return (x.detach().float() * weight).sum() / weight.sum().clamp(min=1e-12) if float(weight.sum()) > 0 else weight.sum() * 0
-
-
 @torch.no_grad()
 def sign_split_metrics(clipped: Tensor, coefficient: Tensor, advantages: Tensor, weight: Tensor) -> dict[str, Tensor]:
     """How clipping and the gradient divide between positive and negative advantages.
@@ -59,8 +53,9 @@ def sign_split_metrics(clipped: Tensor, coefficient: Tensor, advantages: Tensor,
         "adv_neg_frac": neg.sum() / total,
         "clip_frac_pos": (clipped * pos).sum() / total,
         "clip_frac_neg": (clipped * neg).sum() / total,
-        "coef_pos_share": (magnitude * pos).sum() / mass if float(mass) > 0 else mass * 0,
-        "coef_net": (coefficient * weight).sum() / mass if float(mass) > 0 else mass * 0,
+        # no coefficient at all: both numerators are 0 as well, so the clamp makes them 0 without a host sync
+        "coef_pos_share": (magnitude * pos).sum() / mass.clamp(min=1e-12),
+        "coef_net": (coefficient * weight).sum() / mass.clamp(min=1e-12),
     }
 
 
