@@ -4,7 +4,7 @@
 #   bash dev.sh demo [ARGS]     the main job: `swarm demo` on the embedded default
 #   bash dev.sh test [ARGS]     the test suite (pytest; tests/test_layers.py runs import-linter)
 #   bash dev.sh bench [ARGS]    the benchmarks; figures go to benchmarks/results/
-#   bash dev.sh study [--quick] the staleness study of every loss (benchmarks/staleness.py)
+#   bash dev.sh study [--quick] the staleness study of every loss, in stages that resume (benchmarks/staleness_stages.py)
 #   bash dev.sh swarm ARGS      any `swarm` command
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -44,7 +44,7 @@ case "$cmd" in
         exit $rc
         ;;
     bench) exec python -m benchmarks "$@" ;;
-    study) exec python -m benchmarks.staleness "$@" ;;
+    study) exec python -m benchmarks.staleness_stages "$@" ;;
     swarm) exec swarm "$@" ;;
     setup) ;;
     *) echo "dev.sh: unknown command '$cmd' (use demo, test, bench, study, swarm or setup)" >&2; exit 2 ;;

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, markdown_table, write_result
 
-# variant -> (LossConfig overrides, TrainerConfig overrides). Rollouts per step stay 64.
+# variant -> (LossConfig overrides of the paper's GEPO, TrainerConfig overrides). Rollouts per step stay 64.
 VARIANTS: dict[str, tuple[dict, dict]] = {
     "gepo": ({}, {}),
     "grpo": ({"name": "grpo"}, {}),
@@ -119,7 +119,7 @@ def run_one(variant: str, staleness: int, seed: int, settings: dict) -> dict:
     torch.set_num_threads(1)
     loss, trainer = VARIANTS[variant]
     config = TrainerConfig(
-        loss={"name": "gepo", **loss}, steps=settings["steps"],
+        loss={"name": "gepo", "gepo_clip": "weight", **loss}, steps=settings["steps"],
         groups_per_step=trainer.get("groups_per_step", settings["prompts_per_step"]),
         num_generations=trainer.get("num_generations", settings["group_size"]), learning_rate=settings["lr"],
         max_staleness=staleness, delay=delay_spec(settings["delay_shape"], staleness), eval_every=settings["eval_every"],

@@ -36,6 +36,11 @@ ALL_LOSSES = ["gepo", "grpo", "gspo", "dr_grpo", "bnpo", "gmpo", "topr", "cispo"
 
 DELAY_SHAPES = ("uniform", "fixed", "lognormal")
 
+# A bare loss name in the study means its paper's form, whatever the swarm's defaults: GEPO's default
+# clip became weight+token-neg on this study's evidence, and the label "gepo" keeps meaning the paper
+# so that stages run before and after that change combine (the variant is gepo[gepo_clip=weight+token-neg]).
+PAPER_FORM: dict[str, dict] = {"gepo": {"gepo_clip": "weight"}, "topr": {"topr_form": "paper"}}
+
 
 def delay_spec(shape: str, staleness: int, drop_older_than: int | None = None) -> str:
     """The delay distribution (swarm/staleness.py) of maximum staleness K in the given shape.
@@ -56,36 +61,46 @@ def split_losses(text: str) -> list[str]:
     return [m.strip() for m in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", text) if m.strip()]
 
 
-def loss_settings(spec: str) -> dict:
-    """The LossConfig of a `--losses` entry: a registered loss's name (its paper's defaults), or a
-    variant NAME[key=value;key=value] (e.g. gepo[gepo_clip=weight+token-neg]), the entry being
-    the variant's label in every table. Raises ValueError naming what is wrong."""
+# Optimizer settings a variant may change besides its loss's (e.g. topr[max_grad_norm=0]); the
+# learning rate is the study's own (--lr), the same for every loss.
+OPTIMIZER_KEYS = ("max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+
+def variant_settings(spec: str) -> tuple[dict, dict]:
+    """The LossConfig and the optimizer overrides of a `--losses` entry: a registered loss's name (its
+    paper's form and defaults), or a variant NAME[key=value;key=value] (e.g.
+    gepo[gepo_clip=weight+token-neg] or topr[max_grad_norm=0]), the entry being the variant's label in
+    every table. Raises ValueError naming what is wrong."""
     from pydantic import ValidationError
 
-    from swarm.config import LossConfig
+    from swarm.config import LossConfig, TrainerConfig
 
     found = re.fullmatch(r"(\w+)(?:\[([^\]]*)\])?", spec)
     if found is None:
         raise ValueError(f"bad loss {spec!r}: a loss name, or NAME[key=value;...]")
-    settings: dict = {"name": found[1]}
+    settings: dict = {"name": found[1], **PAPER_FORM.get(found[1], {})}
+    optimizer: dict = {}
     for item in filter(None, (found[2] or "").split(";")):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad setting {item!r} in {spec!r}: key=value")
-        settings[key.strip()] = yaml.safe_load(value.strip())  # numbers as numbers, words as strings
+        # numbers as numbers, words as strings
+        (optimizer if key.strip() in OPTIMIZER_KEYS else settings)[key.strip()] = yaml.safe_load(value.strip())
     try:
         LossConfig(**settings)
+        TrainerConfig(**optimizer)
     except ValidationError as exc:
         raise ValueError(f"{spec}: {'; '.join(e['msg'] + ' at ' + '.'.join(map(str, e['loc'])) for e in exc.errors())}") from None
-    return settings
+    return settings, optimizer
 
 
 def run_one(loss: str, staleness: int, seed: int, args) -> dict:
     from peers.trainer import run_trainer
     from swarm.config import TrainerConfig
 
+    loss_config, optimizer = variant_settings(loss)
     config = TrainerConfig(
-        loss=loss_settings(loss), steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
+        loss=loss_config, **optimizer, steps=args.steps, groups_per_step=args.prompts_per_step, num_generations=args.group_size,
         learning_rate=args.lr, max_staleness=max(staleness, 0),
         delay=delay_spec(getattr(args, "delay_shape", "uniform"), staleness, getattr(args, "drop_older_than", None)),
         eval_every=args.eval_every, eval_problems=args.eval_problems, eval_samples=1, seed=seed,
@@ -192,7 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="gepo, grpo, gspo at staleness 0 and 64, one seed, short")
     parser.add_argument("--losses", default=None,
                         help="comma-separated (default: all, or the quick set); a variant of a loss with its own settings "
-                             "is NAME[key=value;...], e.g. gepo[gepo_clip=weight+token-neg], labelled so in the tables")
+                             "is NAME[key=value;...], e.g. gepo[gepo_clip=weight+token-neg] or topr[max_grad_norm=0] "
+                             f"(loss settings, and the optimizer's {', '.join(OPTIMIZER_KEYS)}), labelled so in the tables")
     parser.add_argument("--staleness", default=None, help="comma-separated maximum staleness levels (default 0,8,64)")
     parser.add_argument("--delay-shape", choices=DELAY_SHAPES, default="uniform",
                         help="how each group's delay is drawn up to the maximum staleness K: uniform over 0..K (default), "
@@ -248,7 +264,7 @@ def main(argv=None) -> int:
                      "--workers must be >= 1, --first-seed and staleness levels >= 0")
     for loss in losses:
         try:
-            loss_settings(loss)
+            variant_settings(loss)
         except ValueError as exc:
             parser.error(f"--losses: {exc}")
     if args.drop_older_than is not None:

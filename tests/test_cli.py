@@ -177,7 +177,7 @@ def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):
     evals = json.loads((run_dir / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2]
     assert (run_dir / "training.png").stat().st_size > 10_000
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["loss"]["name"] == "gepo"
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["loss"]["name"] == "topr"
 
 
 @pytest.mark.parametrize(

@@ -90,7 +90,7 @@ def two_token_group():
 def test_gepo_token_clip_drops_the_tokens_past_the_range_hand_computed():
     w1, w2 = math.sqrt(0.26) / 0.5, math.sqrt(0.21) / 0.5
     paper_inputs, token_inputs = two_token_group(), two_token_group()
-    paper = compute_loss(paper_inputs, LossConfig(name="gepo", beta=0))
+    paper = compute_loss(paper_inputs, LossConfig(name="gepo", beta=0, gepo_clip="weight"))
     token = compute_loss(token_inputs, LossConfig(name="gepo", beta=0, gepo_clip="weight+token"))
     # the same value, -(w1 - w2) / 2; the gradient of -(w_i A_i mean_t l_it) / 2 is -w_i A_i / 4 per token
     assert paper.loss.item() == pytest.approx(-(w1 - w2) / 2, abs=1e-6)
@@ -276,7 +276,7 @@ def test_gepo_token_clips_change_nothing_on_policy(clip):
     batch = random_batch(seed=3)
     learner = batch.sampler_logprobs.clone().requires_grad_()
     inputs = LossInputs(learner, batch.sampler_logprobs, batch.mask, batch.advantages, batch.group_ids)
-    paper = compute_loss(inputs, LossConfig(name="gepo"))
+    paper = compute_loss(inputs, LossConfig(name="gepo", gepo_clip="weight"))
     token = compute_loss(inputs, LossConfig(name="gepo", gepo_clip=clip))
     assert token.loss.item() == paper.loss.item()
     g_paper = torch.autograd.grad(paper.loss, learner, retain_graph=True)[0]

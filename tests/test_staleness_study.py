@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -219,8 +220,96 @@ def test_a_loss_variant_and_a_later_stage_of_seeds_combine_into_one_report(tmp_p
     ("gepo[clipping=1]", "Extra inputs are not permitted at clipping"),
     ("gepo[epsilon]", "bad setting 'epsilon'"),
     ("nope[epsilon=0.1]", "unknown loss(es) ['nope[epsilon=0.1]']"),
+    ("topr[max_grad_norm=-1]", "greater than or equal to 0 at max_grad_norm"),
 ])
 def test_a_bad_loss_variant_is_refused_by_name(tmp_path, losses, message):
     out = study("--losses", losses, "--staleness", "0", "--out", str(tmp_path), timeout=120)
     assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "staleness_runs.partial.jsonl").exists()
+
+
+def stages(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.staleness_stages", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_staged_study_runs_its_stages_resumes_an_interrupted_one_and_combines(tmp_path):
+    """One command runs a plan's stages in order; given again it skips finished stages and resumes an
+    interrupted one from its finished runs; the uniform-delay stages combine into one report and a
+    log-normal stage reports on its own."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"stages": [
+        {"name": "first", "losses": "gepo,grpo", "staleness": "0,2", "seeds": 1},
+        {"name": "more_seeds", "losses": "gepo", "staleness": "2", "seeds": 1, "first_seed": 1},
+        {"name": "lognormal", "losses": "grpo", "staleness": "2", "seeds": 1, "delay_shape": "lognormal"},
+    ]}))
+    out = tmp_path / "out"
+    listed = stages("--plan", str(plan), "--out", str(out), "--list", timeout=60)
+    assert listed.returncode == 0 and "first" in listed.stdout and "4 runs  to run" in listed.stdout, listed.stdout
+    done = stages("--plan", str(plan), "--out", str(out), "--workers", "2", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3 stage(s), 6 run(s) to go" in done.stdout
+    combined = json.loads((out / "combined" / "staleness.json").read_text())
+    assert sorted((r["loss"], r["staleness"], r["seed"]) for r in combined["runs"]) == sorted(
+        [("gepo", 0, 0), ("gepo", 2, 0), ("grpo", 0, 0), ("grpo", 2, 0), ("gepo", 2, 1)])
+    assert combined["summary"]["gepo@2"]["seeds"] == 2
+    lognormal = json.loads((out / "lognormal" / "staleness.json").read_text())
+    assert lognormal["settings"]["delay_shape"] == "lognormal" and len(lognormal["runs"]) == 1
+
+    # As if the second stage had been stopped after its run: the partial file alone is left.
+    second = json.loads((out / "more_seeds" / "staleness.json").read_text())
+    (out / "more_seeds" / "staleness.json").unlink()
+    (out / "more_seeds" / "staleness_runs.partial.jsonl").write_text(
+        json.dumps({"settings": second["settings"]}) + "\n" + json.dumps(second["runs"][0]) + "\n")
+    again = stages("--plan", str(plan), "--out", str(out), "--workers", "2", *TINY)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "first: done already" in again.stdout and "lognormal: done already" in again.stdout
+    assert "more_seeds: 1 runs, resuming" in again.stdout and "resuming: 1 of 1 runs already done" in again.stdout
+    assert json.loads((out / "more_seeds" / "staleness.json").read_text())["runs"] == second["runs"]
+    assert json.loads((out / "combined" / "staleness.json").read_text())["runs"] == combined["runs"]
+
+
+@pytest.mark.parametrize("plan, args, message", [
+    ({"stages": [{"name": "a", "losses": "gepo", "staleness": "0", "seed": 3}]}, [], "stage 1: seed: Extra inputs"),
+    ({"stages": [{"name": "a/b", "losses": "gepo", "staleness": "0"}]}, [], "it names a directory"),
+    ({"stages": [{"name": "a", "losses": "gepo", "staleness": "0"}] * 2}, [], "two stages share a name"),
+    ({"stages": []}, [], "a non-empty list of stages"),
+    ({"stages": [{"name": "a", "losses": "gepo", "staleness": "0"}]}, ["--only", "b"], "no stage b; the stages are a"),
+    ({"stages": [{"name": "a", "losses": "gepo", "staleness": "0"}]}, ["--seeds", "2"], "--seeds: set by each stage"),
+])
+def test_a_bad_stage_plan_is_refused_by_name(tmp_path, plan, args, message):
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    out = stages("--plan", str(path), "--out", str(tmp_path / "out"), *args, timeout=60)
+    assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_study_plan_covers_every_loss_at_every_level_and_its_stages_fit_an_hour():
+    """The default plan: every registered loss and the GEPO fix at 0, 8, 64 and 256 with 3 seeds; no
+    stage over 80 runs (about an hour on two cores at the measured 1.5 single-thread minutes per run)."""
+    from benchmarks.staleness import ALL_LOSSES, split_losses
+    from benchmarks.staleness_stages import PLAN
+    from swarm.losses import LOSSES
+
+    assert set(ALL_LOSSES) == set(LOSSES)
+    covered = {(loss, int(k), seed) for s in PLAN if s.combine for loss in split_losses(s.losses)
+               for k in s.staleness.split(",") for seed in range(s.first_seed, s.first_seed + s.seeds)}
+    for loss in [*ALL_LOSSES, "gepo[gepo_clip=weight+token-neg]"]:
+        assert {(loss, k, seed) for k in (0, 8, 64, 256) for seed in range(3)} <= covered, loss
+    assert all(s.runs() <= 80 for s in PLAN), [(s.name, s.runs()) for s in PLAN]
+    assert [s.name for s in PLAN if not s.combine] == ["lognormal_at64", "drop_older_than_8_at64"]
+
+
+def test_a_bare_loss_name_is_its_papers_form_and_a_variant_may_change_the_optimizer():
+    """'gepo' in the study is the paper's GEPO whatever the swarm's default clip, so that stages run
+    before and after the default changed combine; optimizer keys go to the trainer, not the loss."""
+    from benchmarks.staleness import variant_settings
+    from swarm.config import LossConfig
+
+    assert LossConfig(name="gepo").gepo_clip == "weight+token-neg"  # the swarm's default ...
+    assert variant_settings("gepo") == ({"name": "gepo", "gepo_clip": "weight"}, {})  # ... is not the study's "gepo"
+    assert variant_settings("gepo[gepo_clip=weight+token-neg]")[0]["gepo_clip"] == "weight+token-neg"
+    assert variant_settings("topr[max_grad_norm=0;beta=0]") == ({"name": "topr", "topr_form": "paper", "beta": 0},
+                                                                  {"max_grad_norm": 0})

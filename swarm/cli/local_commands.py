@@ -57,7 +57,7 @@ def eval_command(config_file, as_json, **options):
 @click.command("demo", cls=GroupedCommand)
 @config_options(DemoConfig)
 def demo_command(config_file, **options):
-    """Train a policy (the embedded one, with GEPO, by default) on a whole local swarm; accuracy before and after.
+    """Train a policy (the embedded one, with TOPR, by default) on a whole local swarm; accuracy before and after.
 
     Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1 (Ctrl-C
     stops them all), shows them train, then evaluates the first and the last version. With

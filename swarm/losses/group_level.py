@@ -13,6 +13,14 @@ sampler falls behind the learner.
 Departure from the reference implementation (HanlardResearch/Hetero-RL): there the "group" is a
 shuffled micro-batch that mixes prompts; the paper's expectation is per prompt, so that is our
 default. `gepo_expectation="batch"` reproduces the reference's behaviour for comparison.
+
+Departure from the paper, by default (`gepo_clip="weight+token-neg"`): the paper clips one number
+per sequence, so inside a sequence whose weight is in range a negative-advantage token whose own
+ratio p_t/q_t is already below 1 - eps keeps being pushed down. That is why the paper's GEPO drifted
+2-3x further from its samplers than GRPO at staleness 8 and ended below it; dropping exactly those
+tokens' gradient, as PPO's token clip would, fixed it (38.7 against 33.9 at staleness 8 on 6 seeds)
+without losing anything at 64 (README, "GEPO's weak spot"). On-policy every token ratio is 1 and
+nothing changes. `gepo_clip="weight"` is the paper.
 """
 
 from __future__ import annotations
