@@ -7,7 +7,7 @@ on two cores. So it runs as stages of at most about an hour, each an ordinary
 
     python -m benchmarks.staleness_stages                # every stage not finished yet, then the combined report
     python -m benchmarks.staleness_stages --list         # the stages, their runs, and which are done
-    python -m benchmarks.staleness_stages --only NAME,.. # these stages (then combine what is finished)
+    python -m benchmarks.staleness_stages --only NAME,.. # these stages (combined once every uniform one is done)
     python -m benchmarks.staleness_stages --quick        # the quick study alone (a few minutes), into --out/quick
     python -m benchmarks.staleness_stages --plan FILE    # another plan: YAML, `stages:` a list of Stage fields
 
@@ -84,6 +84,11 @@ PLAN = [
           delay_shape="lognormal", why="the paper's log-normal delay shape at 64"),
     Stage(name="drop_older_than_8_at64", losses="grpo,gepo,gepo[gepo_clip=weight+token-neg],topr", staleness="64",
           drop_older_than=8, why="prime-rl's rule: groups more than 8 steps old dropped"),
+    # TOPR's summed log-probs put its gradient norm at 5-7, so every step of it is clipped to
+    # max_grad_norm 1; is that, rather than its weight, why it wins? TOPR unclipped, and GEPO fixed
+    # clipped on every step (its median norm is about 0.5).
+    Stage(name="clipping_check_at_0_and_64", losses="topr[max_grad_norm=0],gepo[gepo_clip=weight+token-neg;max_grad_norm=0.1]",
+          staleness="0,64", combine=False, why="does gradient clipping on every step explain TOPR?"),
 ]
 
 
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "staleness_stages",
                         help="one directory per stage, and combined/ (default benchmarks/results/staleness_stages)")
     parser.add_argument("--plan", type=Path, default=None, help="a YAML plan instead of the study's own")
-    parser.add_argument("--only", default=None, help="comma-separated stage names to run (default: every stage)")
+    parser.add_argument("--only", default=None, help="comma-separated stage names to run (default: every stage); the "
+                                                       "combined report waits for every stage it combines")
     parser.add_argument("--list", action="store_true", help="only list the stages, their runs and state")
     parser.add_argument("--quick", action="store_true", help="only the quick study (gepo, grpo, gspo at 0 and 64) into OUT/quick")
     args, study_options = parser.parse_known_args(argv)
@@ -162,12 +168,14 @@ def main(argv=None) -> int:
         code = staleness.main([*s.study_args(), *resume, "--out", str(args.out / s.name), *study_options])
         if code:
             return code
-    finished = [args.out / s.name for s in stages if s.combine and stage_state(args.out, s) == "done"]
-    missing = [s.name for s in stages if s.combine and stage_state(args.out, s) != "done"]
-    if finished:
-        print(f"combining {len(finished)} stage(s) into {args.out / 'combined'}"
-              + (f" (not finished yet: {', '.join(missing)})" if missing else ""), flush=True)
-        staleness.main(["--combine", *map(str, finished), "--out", str(args.out / "combined")])
+    # Only a complete set is combined: a report of some stages must not replace the whole study's.
+    combined = [s for s in stages if s.combine]
+    missing = [s.name for s in combined if stage_state(args.out, s) != "done"]
+    if missing:
+        print(f"not combined into {args.out / 'combined'} yet: {', '.join(missing)} not finished", flush=True)
+    elif combined:
+        print(f"combining {len(combined)} stage(s) into {args.out / 'combined'}", flush=True)
+        staleness.main(["--combine", *(str(args.out / s.name) for s in combined), "--out", str(args.out / "combined")])
     return 0
 
 

@@ -247,9 +247,13 @@ def test_the_staged_study_runs_its_stages_resumes_an_interrupted_one_and_combine
     out = tmp_path / "out"
     listed = stages("--plan", str(plan), "--out", str(out), "--list", timeout=60)
     assert listed.returncode == 0 and "first" in listed.stdout and "4 runs  to run" in listed.stdout, listed.stdout
+    # Some stages alone: no combined report of a part of the study.
+    part = stages("--plan", str(plan), "--out", str(out), "--only", "more_seeds", "--workers", "2", *TINY)
+    assert part.returncode == 0, part.stderr[-3000:]
+    assert "not combined" in part.stdout and "first not finished" in part.stdout and not (out / "combined").exists()
     done = stages("--plan", str(plan), "--out", str(out), "--workers", "2", *TINY)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "3 stage(s), 6 run(s) to go" in done.stdout
+    assert "3 stage(s), 5 run(s) to go" in done.stdout and "more_seeds: done already" in done.stdout
     combined = json.loads((out / "combined" / "staleness.json").read_text())
     assert sorted((r["loss"], r["staleness"], r["seed"]) for r in combined["runs"]) == sorted(
         [("gepo", 0, 0), ("gepo", 2, 0), ("grpo", 0, 0), ("grpo", 2, 0), ("gepo", 2, 1)])
@@ -299,7 +303,7 @@ def test_the_study_plan_covers_every_loss_at_every_level_and_its_stages_fit_an_h
     for loss in [*ALL_LOSSES, "gepo[gepo_clip=weight+token-neg]"]:
         assert {(loss, k, seed) for k in (0, 8, 64, 256) for seed in range(3)} <= covered, loss
     assert all(s.runs() <= 80 for s in PLAN), [(s.name, s.runs()) for s in PLAN]
-    assert [s.name for s in PLAN if not s.combine] == ["lognormal_at64", "drop_older_than_8_at64"]
+    assert [s.name for s in PLAN if not s.combine] == ["lognormal_at64", "drop_older_than_8_at64", "clipping_check_at_0_and_64"]
 
 
 def test_a_bare_loss_name_is_its_papers_form_and_a_variant_may_change_the_optimizer():
