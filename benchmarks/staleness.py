@@ -369,14 +369,15 @@ def combine(parser, dirs: list[Path], out: Path) -> str:
                 parser.error(f"--combine: {key} was run by two stages to different results; rerun one of them")
             runs.setdefault(key, run)
         minutes += result.get("minutes") or 0.0
-        stages.append(f"{d.name} ({len(result['runs'])} runs)")
+        # a combined report given again lists the stages it was made of, not itself
+        stages.extend(own.get("combined") or [f"{d.name} ({len(result['runs'])} runs)"])
     merged = list(runs.values())
     losses = list(dict.fromkeys(r["loss"] for r in merged))
     levels = sorted({r["staleness"] for r in merged})
     seeds = len({r["seed"] for r in merged})
     settings.update(losses=",".join(losses), staleness=",".join(map(str, levels)), seeds=seeds, combined=stages)
     out.mkdir(parents=True, exist_ok=True)
-    note = (f"**Combined from {len(dirs)} stages** ({', '.join(stages)}): seeds differ by loss and level, as each "
+    note = (f"**Combined from {len(stages)} stages** ({', '.join(stages)}): seeds differ by loss and level, as each "
             "row's seeds column says.\n\n")
     return report(merged, losses, levels, seeds, settings, minutes, out, note)
 
