@@ -121,7 +121,8 @@ class LocalSwarm:
 
 def stop_together(procs: list[Proc], timeout: float) -> None:
     """SIGTERM to each of `procs` still running, one shared wait of `timeout` seconds, then SIGKILL
-    to what is left."""
+    to what is left. A peer is its whole process group (each is spawned in its own session): its DHT
+    process and p2p daemon exit after it, so they are waited for too, and killed if they outlive the wait."""
     running = [p for p in procs if p.popen.poll() is None]
     for proc in running:
         proc.popen.send_signal(signal.SIGTERM)
@@ -132,3 +133,31 @@ def stop_together(procs: list[Proc], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.popen.kill()
             proc.popen.wait(timeout=10)
+    for proc in running:
+        _stop_group(proc.popen.pid, deadline)
+
+
+def _stop_group(pgid: int, deadline: float) -> None:
+    """Wait until `deadline` for the live members of process group `pgid` to exit, then SIGKILL them."""
+    import psutil
+
+    def members() -> list:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except (OSError, psutil.Error):
+                pass
+        return found
+
+    left = members()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = members()
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
