@@ -149,20 +149,30 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
 
     run_dir = tmp_path / "demo"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # started with SIGINT ignored, as a job started with `&` by a script or under nohup is: the demo
+    # must still stop on it
     demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--groups-per-step", "2", "--num-generations", "2",
                              "--eval-problems", "20", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     steps = run_dir / "learner" / "steps.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (steps.exists() and steps.read_text().count("\n") >= 2) and demo.poll() is None:
-        time.sleep(0.5)
-    assert demo.poll() is None, demo.stderr.read()[-3000:]
-    assert len(peer_processes_of(run_dir)) >= 4
-    demo.send_signal(signal.SIGINT)
-    _, err = demo.communicate(timeout=120)
-    assert demo.returncode == 1 and "interrupted; all demo processes were stopped" in err, err[-3000:]
-    assert peer_processes_of(run_dir) == []
-    assert list((run_dir / "learner" / "checkpoints").glob("version-*"))  # the learner saved on its way out
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (steps.exists() and steps.read_text().count("\n") >= 2) and demo.poll() is None:
+            time.sleep(0.5)
+        assert demo.poll() is None, demo.stderr.read()[-3000:]
+        assert len(peer_processes_of(run_dir)) >= 4
+        demo.send_signal(signal.SIGINT)
+        _, err = demo.communicate(timeout=120)
+        assert demo.returncode == 1 and "interrupted; all demo processes were stopped" in err, err[-3000:]
+        assert peer_processes_of(run_dir) == []
+        assert list((run_dir / "learner" / "checkpoints").glob("version-*"))  # the learner saved on its way out
+    finally:  # on failure, the demo and the peers this test started
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(timeout=30)
+        for proc in peer_processes_of(run_dir):
+            proc.kill()
 
 
 def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):

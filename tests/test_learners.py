@@ -151,7 +151,10 @@ def test_authorised_learners_average_to_identical_bits_and_a_stranger_is_kept_ou
     assert all(torch.equal(x, y) for x, y in zip(ra.grads, rb.grads))
     want = [(contributions[0][0][i].double() * 3 + contributions[1][0][i].double() * 5) / 8 for i in range(2)]
     assert all(float((g.double() - w).abs().max()) < 1e-6 for g, w in zip(ra.grads, want))  # no trace of the 1e3
-    assert rs.grads is None and len(rs.members) == 1 and rs.error  # the stranger found nobody to average with
+    # The stranger got nothing of theirs: either it found nobody, or (under load) a learner joined its
+    # group, saw the stranger and left before sending a byte, so its "average" is its own constant
+    # contribution; any of a's or b's random gradient in it would make its values differ.
+    assert rs.grads is None or all(torch.unique(g).numel() == 1 for g in rs.grads), rs
     # the stranger cannot take the learners' state either
     a.serve_state(lambda: ({"version": 1}, [torch.ones(2)]), 1)
     assert stranger.download_state([a.peer_id], timeout_s=5) is None

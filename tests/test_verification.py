@@ -17,6 +17,7 @@ from swarm.model.loading import load_policy
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
 from swarm.tasks import load_problems
+from swarm.config import LossConfig
 from swarm.training import LearnerCore
 from swarm.verification import LogprobVerifier
 
@@ -100,10 +101,12 @@ def test_the_intake_bans_a_liar_at_once_and_drops_unheld_versions_without_blame(
 
 
 def step_direction(policy, groups) -> torch.Tensor:
-    """The gradient of one learner step on `groups` (the default loss), as one flat vector."""
+    """The gradient of one learner step on `groups` with the paper's GEPO, as one flat vector. An
+    importance-weighted loss is what a liar about behaviour log-probs steers; TOPR, the default, uses
+    them only to truncate negative-advantage sequences, so this lie (larger weights) cannot move it."""
     model, tokenizer = policy
     learner = copy.deepcopy(model)
-    core = LearnerCore(learner, tokenizer.pad_token_id, version=3)
+    core = LearnerCore(learner, tokenizer.pad_token_id, version=3, loss=LossConfig(name="gepo", gepo_clip="weight"))
     core.step([copy.deepcopy(g) for g in groups])
     return torch.cat([p.grad.flatten() for p in learner.parameters() if p.grad is not None])
 

@@ -4,6 +4,7 @@ its heavy libraries late (`swarm --help` must not import torch)."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -76,6 +77,7 @@ def demo_command(config_file, **options):
             result = run_in_process_demo(config, run_dir)
         files = "config.yaml, steps.jsonl, evals.json, plot training.png"
     else:
+        _interrupt_on(signal.SIGINT, signal.SIGTERM)
         try:
             with user_errors(RuntimeError):
                 result = run_swarm_demo(config, run_dir, console=Console(stderr=True))
@@ -83,6 +85,18 @@ def demo_command(config_file, **options):
             raise click.ClickException(f"interrupted; all demo processes were stopped. Logs: {run_dir / 'logs'}") from None
         files = "swarm.yaml, learner/steps.jsonl, learner/checkpoints, sampler-*/events.jsonl, logs/, evals.json, plot training.png"
     print_result(Console(), config, result["before"], result["after"], result["version"], run_dir, files)
+
+
+def _interrupt_on(*signals: int) -> None:
+    """Stop the demo's peers on these signals as on Ctrl-C. Python leaves SIGINT ignored when it
+    starts ignored (a job started with `&` by a non-interactive shell, nohup), and SIGTERM would end
+    the demo without stopping its peers, which run in their own sessions."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, interrupt)
 
 
 @click.command("plot")
