@@ -1,8 +1,8 @@
 """The whole staleness study in one command, run as stages (issue #19).
 
 Every loss at staleness 0, 8, 64 and 256 with 3 seeds, 6 for the close candidates, plus log-normal
-delays and prime-rl's drop-older-than-8 at 64, is about 5 hours of single-thread run time: 2.5 hours
-on two cores. So it runs as stages of at most about an hour, each an ordinary
+delays, prime-rl's drop-older-than-8 at 64 and a gradient-clipping check, is about 6 hours of
+single-thread run time: 3 hours on two cores. So it runs as stages of at most about an hour, each an ordinary
 `python -m benchmarks.staleness` study in its own directory under --out, in order:
 
     python -m benchmarks.staleness_stages                # every stage not finished yet, then the combined report
@@ -21,7 +21,6 @@ every stage's study unchanged, so that all stages train alike and combine.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -31,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from benchmarks import staleness
 from benchmarks.common import RESULTS
 
-EVERY_LOSS = ",".join([*staleness.ALL_LOSSES, "gepo[gepo_clip=weight+token-neg]"])
-CLOSE = "topr,gepo,gepo[gepo_clip=weight+token-neg]"
+GEPO_FIXED = "gepo[gepo_clip=weight+token-neg]"  # GEPO's default clip since this study; "gepo" is the paper's
+EVERY_LOSS = ",".join([*staleness.ALL_LOSSES, GEPO_FIXED])
+CLOSE = f"topr,gepo,{GEPO_FIXED}"
 
 
 class Stage(BaseModel):
@@ -80,9 +80,9 @@ PLAN = [
           why="seeds 3-5 for the others close at 64"),
     Stage(name="close_at_256_seeds_3_5", losses=CLOSE, staleness="256", first_seed=3,
           why="seeds 3-5 for the close candidates at 256"),
-    Stage(name="lognormal_at64", losses="topr,gepo,gepo[gepo_clip=weight+token-neg],grpo,cispo,m2po", staleness="64",
+    Stage(name="lognormal_at64", losses=f"topr,gepo,{GEPO_FIXED},grpo,cispo,m2po", staleness="64",
           delay_shape="lognormal", why="the paper's log-normal delay shape at 64"),
-    Stage(name="drop_older_than_8_at64", losses="grpo,gepo,gepo[gepo_clip=weight+token-neg],topr", staleness="64",
+    Stage(name="drop_older_than_8_at64", losses=f"grpo,gepo,{GEPO_FIXED},topr", staleness="64",
           drop_older_than=8, why="prime-rl's rule: groups more than 8 steps old dropped"),
     # TOPR's summed log-probs put its gradient norm at 5-7, so every step of it is clipped to
     # max_grad_norm 1; is that, rather than its weight, why it wins? TOPR unclipped, and GEPO fixed
