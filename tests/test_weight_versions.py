@@ -149,6 +149,33 @@ def test_tampered_delta_is_detected_and_fetched_again_from_another_holder(peers)
     assert receiver.store.hashes[2] == digest
 
 
+def test_a_holder_whose_deltas_do_not_verify_is_blamed_even_when_its_snapshot_never_comes(peers):
+    """A liar that sends a corrupt delta and then fails the snapshot asked of it instead (here it
+    claims not to hold the version; under load it may hang up mid-answer) is reported for the
+    corrupt data, not let off as merely unreachable."""
+    learner, liar, receiver = peers(), peers(), peers()
+    versions = list(publish_stream(2))
+    for v, state in enumerate(versions):
+        learner.store.add(v, state)
+        liar.store.add(v, state)
+    receiver.store.add(1, versions[1])
+    liar.store.deltas[2] = flipped(liar.store.deltas[2])
+    honest_payloads = liar.store.payloads
+
+    def no_snapshot(have, want):
+        if have is None:
+            raise KeyError(f"version {want} is not held here")
+        return honest_payloads(have, want)
+
+    liar.store.payloads = no_snapshot
+    blamed = []
+    with pytest.raises(CorruptVersion):
+        fetch_from_holders(receiver.client, [liar.fabric.peer_id], 2, learner.store.hashes[2], receiver.store,
+                           receiver.fabric.unreachable_errors(), on_corrupt=lambda holder, exc: blamed.append(holder))
+    assert blamed == [liar.fabric.peer_id]
+    assert receiver.store.latest == 1
+
+
 def test_announcements_by_unauthorised_keys_are_ignored(peers):
     learner, volunteer, receiver = peers(), peers(), peers()
     state = next(publish_stream(0))

@@ -446,14 +446,21 @@ class RebuildingClient:
         hashes of recent versions) vouches for: a relay must not get a state of its making stored
         (and served on) under a version number. Deltas that do not apply (this peer's base is not
         what the holder thinks) are followed by one request for a snapshot, rather than the same
-        deltas again at every poll."""
+        deltas again at every poll; if that request fails too, the deltas' CorruptVersion is
+        raised (a holder that sent bad data is blamed for it, however its retry ends)."""
         try:
             return self._fetch(holder, want, want_hash, store, known or {}, deltas=True)
         except CorruptVersion as exc:
             if not getattr(exc, "from_deltas", False):
                 raise
             logger.info("deltas to version %d from %s did not apply (%s); asking for a snapshot", want, holder, exc)
-            return self._fetch(holder, want, want_hash, store, known or {}, deltas=False)
+            try:
+                return self._fetch(holder, want, want_hash, store, known or {}, deltas=False)
+            except CorruptVersion:
+                raise
+            except Exception as later:  # noqa: BLE001  busy, gone, or hung up mid-answer: what this holder
+                # did send did not verify, and that (not the failed retry) is what the caller must hear of
+                raise exc from later
 
     def _fetch(self, holder, want: int, want_hash: str, store: VersionStore, known: Mapping[int, str], *,
                deltas: bool) -> FetchResult:
