@@ -2,8 +2,11 @@
 per second of `VLLMBackend.generate` (processed log-probs recorded, results turned into
 Generations) over the engine's own generate without log-probs. Goal: at least 0.95.
 
-Needs a CUDA device and the `vllm` extra; elsewhere it records why it did not run. It has never run
-in this project's work so far (no GPU machine was lent).
+Both paths run on the same engine (started with logprobs_mode="processed_logprobs"), so the figure
+is the cost of asking for the sampled token's log-prob (logprobs=0) and of building Generations.
+The vLLM calls were checked against vLLM 0.10.x, 0.11.x and 0.33.0 sources (see
+swarm/generation/vllm_backend.py). Needs a CUDA device and the `vllm` extra; elsewhere it records
+why it did not run. It has never run in this project's work so far (no GPU machine was lent).
 
 `python -m benchmarks vllm_throughput`
 """
@@ -42,7 +45,8 @@ def run() -> dict:
     prompts = [p.prompt for p in ArithmeticTask(2).problems("train")[:PROMPTS]]
     ours = SamplingParams(num_completions=G, max_new_tokens=MAX_TOKENS, temperature=1.0, seed=0)
     plain = VSamplingParams(n=G, max_tokens=MAX_TOKENS, temperature=1.0, seed=0)
-    backend.generate(prompts[:4], ours)  # warm-up: CUDA graphs, caches
+    backend.generate(prompts[:4], ours)  # warm-up of both paths: CUDA graphs, caches
+    backend.llm.generate(prompts[:4], plain, use_tqdm=False)
     rates = {"sampler": [], "plain": []}
     for _ in range(3):  # interleaved, best of three
         started = time.perf_counter()
