@@ -155,6 +155,8 @@ def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
             registry.shutdown()
     assert out.returncode == status, out.stderr[-2000:]
     assert message in out.stderr, out.stderr[-2000:]
+    if "could not join" in message:  # port 9 refuses connections: said at once, not after the transport's retries
+        assert "connection refused" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert time.time() - started < 30
     if args[0] in ("learner", "sampler"):

@@ -90,3 +90,25 @@ def announced_address(announce_addr: str, port: int) -> str:
 
     host, announced_port = split_host_port(announce_addr)
     return host_port(host, announced_port or port)
+
+
+def refuses_connections(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    """True when HOST:PORT answers a TCP connection with a refusal (nothing listens there): a join
+    through it cannot work, and saying so at once beats a transport's retries until its timeout.
+    Anything else (it accepts, drops packets, has no route) is False: the transport decides."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def maddr_tcp(maddr: str) -> tuple[str, int] | None:
+    """(ip, port) of a `/ip4|ip6/IP/tcp/PORT/...` multiaddr; None for any other kind (DNS names,
+    QUIC, relays), which are left for libp2p to dial."""
+    parts = str(maddr).split("/")
+    if len(parts) > 4 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" and parts[4].isdigit():
+        return parts[2], int(parts[4])
+    return None

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+from swarm.fabric.addresses import maddr_tcp, refuses_connections
 from swarm.fabric.interface import JoinError
 
 logger = logging.getLogger(__name__)
@@ -177,6 +178,10 @@ def start_dht(
         kwargs["identity_path"] = str(Path(identity_path).resolve())
         if reclaim_identity:
             stop_leftover_daemons(Path(identity_path))
+    endpoints = [maddr_tcp(addr) for addr in initial_peers]
+    if initial_peers and all(endpoints) and all(refuses_connections(*e) for e in endpoints):
+        raise JoinError(f"could not join the swarm through {', '.join(initial_peers)}: connection refused (nothing "
+                        "listens there). Check the address and port, and that the bootstrap node or peer is running")
     try:
         dht = _dht_class()(initial_peers=list(initial_peers), start=True, record_validators=validators, **kwargs)
     except Exception as exc:  # noqa: BLE001  hivemind raises bare RuntimeErrors/P2PDaemonErrors

@@ -489,6 +489,15 @@ class GrpcFabric:
     def _check_registry(self) -> None:
         import grpc
 
+        from swarm.config import split_host_port
+        from swarm.fabric.addresses import refuses_connections
+
+        host, port = split_host_port(self.registry)
+        if port is not None and refuses_connections(host, port):  # gRPC would retry until its timeout
+            self.shutdown()
+            raise JoinError(f"could not join the swarm through the registry at {self.registry}: connection refused "
+                            "(nothing listens there). Check the address and port, and that `swarm bootstrap "
+                            "--transport grpc` runs there")
         try:
             grpc.channel_ready_future(self.channels.get(self.registry)).result(timeout=self.timeout_s)
         except grpc.FutureTimeoutError:
