@@ -221,6 +221,14 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
             time.sleep(1.0)
         raise AssertionError(f"{what} within {timeout_s}s\n{tail()}")
 
+    def left_of(name):
+        """Processes of peer `name`: forks of it (its run dir on their command line) and its p2pd (its key file)."""
+        import psutil
+
+        run_dir, identity = str(tmp_path / name), str(tmp_path / f"{name}-id")
+        return [p.pid for p in psutil.process_iter(["cmdline"])
+                if any(arg == run_dir or identity in arg for arg in p.info["cmdline"] or [])]
+
     def learner_key(identity):
         out = subprocess.run([*swarm, "learner-key", "--identity-dir", str(tmp_path / identity)], capture_output=True,
                              text=True, env=env, timeout=60)
@@ -286,6 +294,8 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         # the second learner dies mid-run: the owner steps on alone, never backwards
         procs["second"].send_signal(signal.SIGKILL)
         procs["second"].wait(timeout=30)
+        # nothing of it lingers: its DHT process, p2pd and averager process follow it
+        wait_for(lambda: not left_of("second"), 20, "the killed learner's processes gone")
         killed_at = max(steps("owner"))
         wait_for(lambda: max(steps("owner")) >= killed_at + 3, 300, "the owner stepping on after the kill")
         versions = sorted(steps("owner"))

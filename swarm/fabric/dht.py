@@ -55,7 +55,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """In the DHT process: once `parent_pid` is gone (the peer died, even by SIGKILL), or when this
     process is told to terminate (multiprocessing does so at the peer's exit), kill this process's
     own children (p2pd) and exit. Polling the parent id needs no cooperation from hivemind."""
@@ -87,7 +87,7 @@ def _dht_class():
         """A hivemind DHT whose process (and p2pd) ends when the peer that started it does."""
 
         def run(self) -> None:
-            _exit_with_parent(self._parent_pid)
+            exit_with_parent(self._parent_pid)
             super().run()
 
     return _DHTWithParent

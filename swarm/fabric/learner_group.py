@@ -107,6 +107,14 @@ def _make_averager_class():
         _allowed: frozenset = frozenset()
         _state_source: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
 
+        def run(self) -> None:
+            # like the DHT's process, the averager's (a fork of the learner) must not outlive a
+            # learner killed with SIGKILL: it would linger with the model's buffers for good
+            from swarm.fabric.dht import exit_with_parent
+
+            exit_with_parent(self._parent_pid)
+            super().run()
+
         def set_allowed(self, peer_ids: Iterable[Any]) -> None:
             ids = sorted({p.to_bytes() if hasattr(p, "to_bytes") else bytes(p) for p in peer_ids})
             self._outer_pipe.send(("_set_allowed", [ids], {}))
