@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from swarm.config import SwarmSettings, default_of
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.identity import decode_learner_key, encode_learner_key
 from swarm.fabric.pulse import Pulse
@@ -35,6 +36,9 @@ from swarm.runlog import EventLog, write_json_atomic
 from swarm.staleness import SecondsDelay
 
 RUN_ID = "fanout"
+# the product's period (a peer also beats at once after each fetch or announcement): every beat is
+# a signed DHT store at every other node, CPU that 9 peers on this machine's 2 cores share
+HEARTBEAT_S = default_of(SwarmSettings, "heartbeat_s")
 
 
 def versions(megabytes: float) -> tuple[dict, dict]:
@@ -76,7 +80,7 @@ def learner(args) -> None:
 
     store.add(0, staged[0])
     server = fabric.weight_server(store)
-    pulse = Pulse(beat, 1.0)
+    pulse = Pulse(beat, HEARTBEAT_S)
     out = Path(args.dir)
     write_json_atomic(out / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id,
                                            "learner_key": encode_learner_key(fabric.public_key)})
@@ -108,7 +112,7 @@ def receiver(args) -> None:
             holds = tuple(store.states)
         fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=not args.no_relay))
 
-    pulse = Pulse(beat, 1.0)
+    pulse = Pulse(beat, HEARTBEAT_S)
 
     def fetched(result) -> None:
         events.event("version_fetched", **result.event_fields())

@@ -13,6 +13,7 @@ import torch
 
 from swarm.fabric.chunks import (
     DIGEST_BYTES,
+    MAX_WAIT_S,
     MIN_CHUNK_BYTES,
     ChunkBook,
     ChunkSpec,
@@ -152,6 +153,105 @@ def test_an_event_loop_waiting_for_a_slot_is_not_blocked_and_a_cancelled_waiter_
 
     ticks, refused = asyncio.run(scenario())
     assert ticks == 5 and refused is False and slots.active == 1 and slots.refused == 1
+
+
+def test_a_freed_upload_slot_goes_to_the_requester_served_least_whoever_asked_first():
+    """The learner hands its slots out by how many each requester got since it was last idle, so
+    every stripe owner's chunks come at the same pace (sync and event-loop waiters alike)."""
+    import asyncio
+
+    slots = UploadSlots(1)
+    assert slots.take(0.0, "a")
+    order = []
+    first = threading.Thread(target=lambda: slots.take(10.0, "a") and order.append("a"))
+    first.start()
+    wait_until(lambda: len(slots._waiting) == 1, 5, "a's second request waiting")
+
+    async def late_b():
+        assert await slots.take_async(10.0, "b")
+        order.append("b")
+
+    second = threading.Thread(target=lambda: asyncio.run(late_b()))
+    second.start()
+    wait_until(lambda: len(slots._waiting) == 2, 5, "b waiting too")
+    slots.release()  # b, served none so far, goes before a, which asked first
+    wait_until(lambda: order == ["b"], 5, "b served")
+    slots.release()
+    wait_until(lambda: order == ["b", "a"], 5, "a served next")
+    first.join(5)
+    second.join(5)
+    slots.release()
+    assert slots.active == 0 and not slots._given  # idle: the next busy spell starts even
+
+
+def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeypatch):
+    """Past MAX_WAITERS waiting requests, a chunk still on its way is answered busy (ask again
+    shortly), never "not held", which a fetch counts against its owner; held chunks are served."""
+    import swarm.fabric.chunks as chunks
+
+    monkeypatch.setattr(chunks, "MAX_WAITERS", 1)
+    data = payload(2 * CHUNK)
+    spec, manifest = spec_of("delta", 5, data, CHUNK)
+    book = ChunkBook(lambda kind, version: None, CHUNK)
+    partial = book.begin(spec, manifest, spec.digests(manifest, "x"))
+    assert partial.put(0, data[:CHUNK])
+    waiter = threading.Thread(target=lambda: book.lookup("delta", 5, spec.root, 1, 3.0))
+    waiter.start()
+    wait_until(lambda: book._waiters == 1, 5, "a request waiting for chunk 1")
+    header, sent = chunk_answer(book, chunk_request(spec, 1, 3.0))
+    assert header["ok"] is False and header.get("busy") and sent is None
+    header, sent = chunk_answer(book, chunk_request(spec, 0, 3.0))
+    assert header["ok"] is True and sent == data[:CHUNK]  # what is here is served, crowded or not
+    other, _ = spec_of("delta", 6, data, CHUNK)
+    header, _ = chunk_answer(book, chunk_request(other, 0, 3.0))
+    assert header["ok"] is False and not header.get("busy")  # a payload not fetched here: not held
+    assert partial.put(1, data[CHUNK:])
+    waiter.join(5)
+
+
+@pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
+def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_waiting(make_fabric, monkeypatch):
+    """Records seen a heartbeat apart can give two peers mirrored stripe plans: each waits for the
+    other to have its odd chunks. A peer asked for a chunk it is not fetching fetches it next
+    (`_adopt`), so neither waits out OWNER_WAIT_S (made a minute here: the test would time out)."""
+    import swarm.fabric.chunked_fetch as chunked_fetch
+    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
+
+    monkeypatch.setattr(chunked_fetch, "OWNER_WAIT_S", 60.0)
+    learner = make_fabric()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    v0, _ = versions()
+    store.add(0, v0)
+    spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+    servers = [learner.weight_server(store)]
+    peers = [make_fabric(), make_fabric()]
+    stores = [VersionStore() for _ in peers]
+    servers += [peer.weight_server(s) for peer, s in zip(peers, stores)]
+    a, b = (peer.peer_id for peer in peers)
+    plans = {a: [a, b], b: [b, a]}  # chunk 1, 3, ...: a thinks b owns it, b thinks a does
+    fetches = [ChunkedFetch(peer.weight_client(), s.book, spec, ChunkSources([learner.peer_id], plans[peer.peer_id]),
+                            peer.peer_id, unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
+               for peer, s in zip(peers, stores)]
+    done = []
+    threads = [threading.Thread(target=lambda f=f: done.append((f.run().payload(), time.monotonic()))) for f in fetches]
+    started = time.monotonic()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(done) == 2
+        assert done[0][0] == done[1][0] == store.payload("snapshot", 0)
+        # a holder waits at most MAX_WAIT_S for a chunk before it says "not held" (then the fetch
+        # falls back to whole holders): neither fetch came to that
+        assert max(t for _, t in done) - started < MAX_WAIT_S, "a fetch waited for its mirror image"
+        assert all(f.adopted > 0 for f in fetches)
+    finally:
+        for f in fetches:
+            f.client.close()
+        for server in servers:
+            server.close()
 
 
 def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:

@@ -11,11 +11,17 @@ one copy, every uplink less than one.
 
 Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
 whose newest held version is the one before (they fetch the delta) or that hold none (the
-snapshot). Views differ by a heartbeat at most, so nothing depends on them being right: a chunk
-whose owner does not deliver within its wait, cannot be reached or is busy for too long is
-fetched from a whole holder instead, and one that does not verify is refetched from another peer
-while the sender is struck (`on_corrupt`: the follower shuns it as it does a holder of a corrupt
-version).
+snapshot). Views differ by a heartbeat at most, so nothing depends on them being right: a peer
+asked for a chunk it is not fetching itself fetches it next from a whole holder (`_adopt`: two
+peers that each take the other for a chunk's owner would otherwise both wait out OWNER_WAIT_S);
+a chunk whose owner does not deliver within its wait or cannot be reached is fetched from a whole
+holder instead; an owner that is busy (its upload slots taken, or too many requests waiting on
+it) is asked again shortly; and a chunk that does not verify is refetched from another peer while
+the sender is struck (`on_corrupt`: the follower shuns it as it does a holder of a corrupt
+version). Whole holders hand out their upload slots to the requester served least so far
+(versions.UploadSlots), so every stripe arrives at the same pace, and a peer whose own stripe is
+done puts its whole-holder workers on the owners' chunks, so the last chunks have more requests in
+flight.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from swarm.fabric.weight_delta import CorruptVersion
 logger = logging.getLogger(__name__)
 OWNER_WAIT_S = 8.0  # how long a stripe's owner may take to have a chunk (it fetches its stripe in order)
 OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the rest of the fetch
+OWNER_BUSY = 50  # busy answers from an owner after which its chunks are fetched from whole holders
 WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default upload slots)
 SHARED_WORKERS = 4  # requests at once to other stripes' owners
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
@@ -93,6 +100,8 @@ class ChunkedFetch:
         self._from_whole: deque[int] = deque()
         self._from_owners: deque[int] = deque()
         self._busy = 0  # workers in a request
+        self._inflight: set[int] = set()  # chunks a worker is fetching from a whole holder now
+        self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
         self.partial: Partial | None = None
 
     def owner(self, index: int) -> str | None:
@@ -102,6 +111,7 @@ class ChunkedFetch:
         """The complete, verified payload (a Partial still served from `book`: call book.end(it)
         once the version is in the store). Raises ChunkedFetchFailed."""
         self.partial = partial = self.book.begin(self.spec, *self._manifest())
+        partial.wanted = self._adopt
         try:
             for index in range(self.spec.count):
                 owner = self.owner(index)
@@ -140,18 +150,23 @@ class ChunkedFetch:
     def _alive(self) -> list[str]:
         return [p for p in self.whole if p not in self._dead]
 
-    def _next(self, whole: bool) -> int | None:
-        """The next chunk for a worker; None when there is nothing left for it to do."""
-        queue = self._from_whole if whole else self._from_owners
+    def _next(self, whole: bool) -> tuple[int, bool] | None:
+        """(the next chunk for a worker, whether to take it from a whole holder); None when there is
+        nothing left for the worker to do. A whole holders' worker with none of those chunks left
+        helps with the owners' (the end of a fetch: more requests in flight for its last chunks)."""
         with self._cond:
             while time.monotonic() < min(self.deadline, self._progress + STALL_S) and not self.partial.complete:
                 if whole and not self._alive():
                     return None  # no whole holder left to ask: the chunks queued for them cannot come
-                while queue and self.partial.have[queue[0]]:
-                    queue.popleft()
-                if queue:
-                    self._busy += 1
-                    return queue.popleft()
+                for queue in (self._from_whole, self._from_owners) if whole else (self._from_owners,):
+                    while queue and self.partial.have[queue[0]]:
+                        queue.popleft()
+                    if queue:
+                        self._busy += 1
+                        index = queue.popleft()
+                        if queue is self._from_whole:
+                            self._inflight.add(index)
+                        return index, queue is self._from_whole
                 if not whole and not self._from_owners:
                     return None  # the owners' chunks are all handed out; the whole holders' workers finish
                 if whole and not self._from_owners and self._busy == 0 and not self._from_whole:
@@ -159,23 +174,40 @@ class ChunkedFetch:
                 self._cond.wait(0.2)
             return None
 
+    def _adopt(self, index: int) -> None:
+        """Another peer waits for chunk `index` from this one, which meant to take it from some other
+        peer: fetch it from a whole holder next (peers whose records differ by a heartbeat can each
+        take the other for the chunk's owner)."""
+        with self._cond:
+            if self.partial.have[index] or index in self._inflight or index in self._from_whole:
+                return
+            self._from_whole.appendleft(index)
+            self.adopted += 1
+            self._cond.notify_all()
+
     def _done(self, index: int, requeue: deque | None) -> None:
         with self._cond:
             self._busy -= 1
+            self._inflight.discard(index)
             if requeue is not None and not self.partial.have[index]:
                 requeue.append(index)
             self._cond.notify_all()
 
     def _work(self, whole: bool) -> None:
-        while (index := self._next(whole)) is not None:
-            if whole:
+        while (job := self._next(whole)) is not None:
+            index, from_whole = job
+            if from_whole:
                 ok = self._fetch_whole(index)
                 self._done(index, None if ok else self._from_whole)
                 if not ok:  # every whole holder busy (or failing): a moment for a slot to free
                     time.sleep(self.rng.uniform(*RETRY_S))
             else:
                 owner = self.owner(index)
-                ok = owner not in self._dead and self._try(owner, index, OWNER_WAIT_S) is True
+                ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
+                if ok is None and self._busy_answers[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
+                    self._done(index, self._from_owners)
+                    time.sleep(self.rng.uniform(*RETRY_S))
+                    continue
                 self._done(index, None if ok else self._from_whole)  # not from its owner: from a whole holder
 
     def _fetch_whole(self, index: int) -> bool:

@@ -32,7 +32,10 @@ DEFAULT_CHUNK_BYTES = 1 << 20  # 84 ms at 100 Mbit/s: a pipeline's cost per hop
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 22  # what a receiver accepts (4 MiB: gRPC's message bound)
 MAX_CHUNKS = 1 << 16  # a manifest of at most 2 MiB
 MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not have yet
-MAX_WAITERS = 8  # requests waiting at once; beyond that a missing chunk is answered "not held" at once
+# requests waiting at once for chunks on their way; beyond that a missing chunk is answered busy at
+# once (ask again shortly), never "not held", which a fetch counts against the holder. Sized for a
+# stripe owner asked by 8 sharers' 4 workers each (chunked_fetch.SHARED_WORKERS) at a fetch's start
+MAX_WAITERS = 32
 _TOKEN = re.compile(r"^(delta|snapshot):([0-9]{1,13}):([0-9]{1,13}):([0-9]{1,8}):([0-9a-f]{64})$")
 TOKEN_PATTERN = _TOKEN.pattern
 
@@ -107,6 +110,10 @@ class Partial:
         self.have = [False] * spec.count
         self.missing = spec.count
         self.closed = False
+        # hears of each chunk another peer asks for while it is missing here: the fetch filling this
+        # payload then fetches it next (peers whose views of who fetches what differ would otherwise
+        # each wait for the other to have it)
+        self.wanted: Callable[[int], None] | None = None
         self._cond = threading.Condition()
 
     def put(self, index: int, data: bytes) -> bool:
@@ -125,6 +132,8 @@ class Partial:
     def get(self, index: int, wait_s: float = 0.0) -> bytes | None:
         """Chunk `index` once it is here (waiting up to `wait_s`), else None."""
         deadline = time.monotonic() + wait_s
+        if wait_s > 0 and not self.have[index] and self.wanted is not None:
+            self.wanted(index)
         with self._cond:
             while not self.have[index]:
                 left = deadline - time.monotonic()
@@ -147,6 +156,11 @@ class Partial:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+
+
+class Crowded(Exception):
+    """A chunk still on its way that a holder cannot wait for now (too many requests wait already):
+    the requester should ask again shortly, not count it as a chunk the holder lacks."""
 
 
 class ChunkBook:
@@ -209,10 +223,11 @@ class ChunkBook:
 
     def lookup(self, kind: str, version: int, root: str, index: int | None, wait_s: float) -> bytes | None:
         """The manifest (index None) or chunk `index` of the payload with `root`, from a complete
-        payload or a partial one; waiting up to `wait_s` (at most MAX_WAIT_S, and only while fewer
-        than MAX_WAITERS requests wait) for it to arrive. None: not held."""
+        payload or a partial one; waiting up to `wait_s` (at most MAX_WAIT_S) for it to arrive.
+        None: not held. Raises Crowded when it would have to wait while MAX_WAITERS requests do."""
         with self._cond:
-            if self._waiters >= MAX_WAITERS:
+            crowded = self._waiters >= MAX_WAITERS
+            if crowded:
                 wait_s = 0.0
             self._waiters += 1
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
@@ -239,7 +254,10 @@ class ChunkBook:
                     return partial.manifest
                 if index >= partial.spec.count:
                     return None
-                return partial.get(index, max(0.0, deadline - time.monotonic()))
+                data = partial.get(index, max(0.0, deadline - time.monotonic()))
+                if data is None and crowded and not partial.closed:
+                    raise Crowded(f"{MAX_WAITERS} requests wait for chunks here")  # on its way, not yet here
+                return data
         finally:
             with self._cond:
                 self._waiters -= 1
@@ -268,19 +286,29 @@ def _natural(value) -> bool:
 SLOT_WAIT_S = 2.0  # how long a chunk request queues for an upload slot before it is answered busy
 
 
-def chunk_answer(book: ChunkBook, request: dict, slots=None) -> tuple[dict, bytes | None]:
+def takes_slot(request: dict) -> bool:
+    """Whether answering `request` (a valid manifest or chunk request) takes an upload slot: a chunk
+    does; a manifest (32 bytes per chunk) does not, or a fetch's start would queue behind chunks."""
+    return request.get("op") == "chunk"
+
+
+def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "") -> tuple[dict, bytes | None]:
     """A holder's answer to a manifest or chunk request: (header, data). With `slots`, when data
-    is not None an upload slot is held, which the caller releases once it has sent the data
-    (without, the caller takes one). Blocks (a chunk on its way, a slot): call it from a thread."""
+    is not None and the request `takes_slot`, an upload slot is held, which the caller releases
+    once it has sent the data (without, the caller takes one); `who` is the requester, whose turn
+    for a slot comes by how many it was given (UploadSlots). Blocks (a chunk on its way, a slot): call it from a thread."""
     try:
         kind, version, root, index, wait = parse_chunk_request(request)
     except ValueError as exc:
         return {"ok": False, "reason": str(exc)[:200], "count": 0}, None
-    data = book.lookup(kind, version, root, index, wait)
+    try:
+        data = book.lookup(kind, version, root, index, wait)
+    except Crowded as exc:
+        return {"ok": False, "busy": True, "reason": f"busy: {exc}", "count": 0}, None
     if data is None:
         what = "the manifest" if index is None else f"chunk {index}"
         return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None
-    if slots is not None and not slots.take(SLOT_WAIT_S):
+    if slots is not None and takes_slot(request) and not slots.take(SLOT_WAIT_S, who):
         return slots.busy_reply(), None
     return {"ok": True, "count": 1, "sizes": [len(data)]}, data
 

@@ -41,7 +41,7 @@ from swarm.fabric.grpc_common import (
     verify_owner_signature,
 )
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
-from swarm.fabric.chunks import ChunkSpec, chunk_answer
+from swarm.fabric.chunks import ChunkSpec, chunk_answer, takes_slot
 from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
 from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
@@ -116,7 +116,7 @@ class GrpcPeerServer:
         self.weight_send_s = WEIGHT_SEND_S  # longest a receiver may take to read one weight chunk
         self.authenticator = authenticator or Authenticator()
         self.rollout_handler = None  # fn(frames iterator, sender's name, context) -> acks iterator
-        self.weight_handler = None  # fn(request dict) -> messages iterator
+        self.weight_handler = None  # fn(request dict, caller's key id) -> messages iterator
         self._names: OrderedDict[str, str] = OrderedDict()  # key id -> the name its calls go by here
         self._names_lock = threading.Lock()
         handlers = {
@@ -162,7 +162,7 @@ class GrpcPeerServer:
                 body = first_request(requests, watch, WEIGHT_REQUEST_LIMIT)
             except ValueError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            authenticate(self.authenticator, context, WEIGHTS, body, self.run_id)
+            caller = authenticate(self.authenticator, context, WEIGHTS, body, self.run_id)
             handler = self.weight_handler
             if handler is None:
                 context.abort(grpc.StatusCode.UNIMPLEMENTED, "this peer serves no weights")
@@ -174,7 +174,7 @@ class GrpcPeerServer:
             if not isinstance(request, dict):
                 yield pack({"ok": False, "reason": "a weight request is a map {have, want}"})
                 return
-            for message in handler(request):
+            for message in handler(request, caller.key):
                 watch.expect(self.weight_send_s)  # a receiver that stops reading is cut, and frees this thread
                 yield message
                 watch.hold()
@@ -293,9 +293,9 @@ class GrpcWeightServer:
         self.slots = UploadSlots(slots)
         server.weight_handler = self._handle
 
-    def _handle(self, request: dict):
+    def _handle(self, request: dict, who: str = ""):
         if "op" in request:  # a manifest or a chunk
-            yield from self._chunk(request)
+            yield from self._chunk(request, who)
             return
         have, want = request.get("have"), request.get("want")
         if not _is_int(want):
@@ -317,8 +317,8 @@ class GrpcWeightServer:
         finally:
             self.slots.release()
 
-    def _chunk(self, request: dict):
-        header, data = chunk_answer(self.store.book, request, self.slots)
+    def _chunk(self, request: dict, who: str):
+        header, data = chunk_answer(self.store.book, request, self.slots, who)
         if data is None:
             yield pack(header)
             return
@@ -326,7 +326,8 @@ class GrpcWeightServer:
             yield pack(header)
             yield from self._pieces(data)
         finally:
-            self.slots.release()
+            if takes_slot(request):
+                self.slots.release()
 
     def _pieces(self, payload: bytes):
         """A payload in messages of at most CHUNK_BYTES, counted as they go (a receiver that has

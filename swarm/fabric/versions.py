@@ -12,10 +12,11 @@ chain of deltas; a new or too-far-behind receiver gets a snapshot.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ from swarm.fabric.chunks import (
     answer_limit,
     chunk_answer,
     chunk_request,
+    takes_slot,
 )
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import RunSampling, VersionAnnouncement, versions_key
@@ -275,45 +277,95 @@ class HolderBusy(KeyError):
 
 class UploadSlots:
     """How many weight transfers a peer serves at once: a learner's upload budget, a relay's share.
-    None: no limit. A request over the limit is answered busy at once (the requester asks another
-    holder) rather than queued behind transfers that may take minutes."""
+    None: no limit. A request over the limit waits a little for a slot (a chunk takes a fraction of
+    a second: queueing costs less than a busy reply and a retry) and is then answered busy (the
+    requester asks another holder) rather than queued behind transfers that may take minutes.
+
+    A freed slot goes to the waiting requester that was given the fewest slots since this peer was
+    last idle (the earliest among equals): the learner hands out the stripes of a payload evenly,
+    so no stripe owner falls behind the others and holds up everyone's last chunks."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit, self.active, self.refused = limit, 0, 0
         self._cond = threading.Condition()
+        self._tickets = itertools.count()
+        self._waiting: dict[int, str] = {}  # ticket -> requester, while it waits
+        self._given: Counter = Counter()  # requester -> slots given since the last idle moment
+        self._wakeups: set = set()  # (loop, future) of coroutines waiting in take_async
 
-    def take(self, wait_s: float = 0.0) -> bool:
-        """A slot, waiting up to `wait_s` for one (a chunk takes a fraction of a second: queueing
-        for it costs less than a busy reply and a retry)."""
+    def _grant(self, ticket: int) -> bool:
+        """Under the lock: give `ticket` a slot if one is free and it is the one to serve next."""
+        if self.limit is not None and self.active >= self.limit:
+            return False
+        if min(self._waiting, key=lambda t: (self._given[self._waiting[t]], t)) != ticket:
+            return False
+        who = self._waiting.pop(ticket)
+        self.active += 1
+        self._given[who] += 1
+        return True
+
+    def _give_up(self, ticket: int) -> None:
+        """Under the lock: `ticket` stops waiting (refused or cancelled); the next in line may go."""
+        if self._waiting.pop(ticket, None) is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+        for loop, future in list(self._wakeups):
+            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
+
+    def take(self, wait_s: float = 0.0, who: str = "") -> bool:
+        """A slot for requester `who`, waiting up to `wait_s` for one."""
         deadline = time.monotonic() + wait_s
         with self._cond:
-            while self.limit is not None and self.active >= self.limit:
+            ticket = next(self._tickets)
+            self._waiting[ticket] = who
+            while not self._grant(ticket):
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._give_up(ticket)
                     self.refused += 1
                     return False
                 self._cond.wait(left)
-            self.active += 1
             return True
 
-    async def take_async(self, wait_s: float) -> bool:
-        """`take` on an event loop: it polls rather than block the loop, and a caller cancelled
-        while it waits has taken nothing."""
+    async def take_async(self, wait_s: float, who: str = "") -> bool:
+        """`take` on an event loop (it never blocks the loop; a caller cancelled while it waits has
+        taken nothing)."""
+        loop = asyncio.get_running_loop()
         deadline = time.monotonic() + wait_s
-        while True:
+        with self._cond:
+            ticket = next(self._tickets)
+            self._waiting[ticket] = who
+        try:
+            while True:
+                future = loop.create_future()
+                with self._cond:
+                    if self._grant(ticket):
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._give_up(ticket)
+                        self.refused += 1
+                        return False
+                    self._wakeups.add((loop, future))
+                try:
+                    await asyncio.wait_for(future, min(left, 0.5))
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    with self._cond:
+                        self._wakeups.discard((loop, future))
+        finally:
             with self._cond:
-                if self.limit is None or self.active < self.limit:
-                    self.active += 1
-                    return True
-                if time.monotonic() >= deadline:
-                    self.refused += 1
-                    return False
-            await asyncio.sleep(0.02)
+                self._give_up(ticket)  # a no-op once granted
 
     def release(self) -> None:
         with self._cond:
             self.active -= 1
-            self._cond.notify()
+            if self.active <= 0 and not self._waiting:
+                self._given.clear()  # idle: the next busy spell starts even
+            self._wake()
 
     def busy_reply(self) -> dict:
         return {"ok": False, "busy": True, "reason": f"busy: serving {self.limit} transfers, its upload limit", "count": 0}
@@ -345,7 +397,7 @@ class WeightServer:
             try:  # whatever a requester sends, it gets an answer, never an exception in this handler
                 request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
                 if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
-                    await self._chunk(request, writer)
+                    await self._chunk(request, writer, str(stream_info.peer_id))
                     return
                 have, want = request.get("have"), request.get("want")
                 if not isinstance(want, int) or isinstance(want, bool):
@@ -380,14 +432,15 @@ class WeightServer:
         finally:
             writer.close()
 
-    async def _chunk(self, request: dict, writer) -> None:
+    async def _chunk(self, request: dict, writer, peer: str) -> None:
         from hivemind.p2p import P2P
 
         # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
         # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
         header, data = await asyncio.get_running_loop().run_in_executor(self._waits, chunk_answer, self.store.book, request)
-        if data is not None and not await self.slots.take_async(SLOT_WAIT_S):
-            header, data = self.slots.busy_reply(), None
+        slot = data is not None and takes_slot(request)
+        if slot and not await self.slots.take_async(SLOT_WAIT_S, peer):
+            header, data, slot = self.slots.busy_reply(), None, False
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
             return
@@ -396,7 +449,8 @@ class WeightServer:
             await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
             self.bytes_served += len(data)
         finally:
-            self.slots.release()
+            if slot:
+                self.slots.release()
 
     def close(self) -> None:
         self._host.close()
