@@ -38,7 +38,8 @@ case "$cmd" in
     test)
         # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
         set +e
-        python -m pytest "$@"
+        # two lanes, one per core (tests/conftest.py puts each file in one)
+        python -m pytest -n 2 --dist loadgroup "$@"
         rc=$?
         [[ $rc -eq 5 ]] && echo "dev.sh: no tests were collected" >&2 && exit 1
         exit $rc

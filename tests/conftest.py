@@ -16,12 +16,31 @@ except ImportError:
     pass
 
 
+# `bash dev.sh test` runs the suite in two lanes (pytest -n 2 --dist loadgroup), one per core CI has:
+# the tests that train or start many peer processes (CPU-bound) in one, those that mostly wait on
+# shaped links, timers and sockets in the other. A file is in the waiting lane when listed here.
+WAITING_LANE = {
+    "test_wan.py", "test_wan_relay.py", "test_wan_harness.py", "test_across_machines.py", "test_dashboard.py",
+    "test_chunks.py", "test_weight_versions.py", "test_fabric.py", "test_fabric_interface.py", "test_membership.py",
+    "test_rollout_exchange.py", "test_grpc_hostile.py", "test_registry.py", "test_fuzz.py", "test_fuzz_peers.py",
+    "test_fuzz_payloads.py", "test_progress.py", "test_status_flags.py", "test_layers.py",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("waiting" if item.path.name in WAITING_LANE else "working"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     import torch
 
     torch.manual_seed(0)
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    # one thread per lane when the two lanes share the cores
+    lanes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // lanes))
 
 
 TRANSPORT_RUN = "transport-test"
