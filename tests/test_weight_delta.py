@@ -395,3 +395,150 @@ def test_the_unmutated_fuzz_delta_applies():
     assert {e["n"]: e["k"] for e in body["tensors"]} == {"a": "sparse", "b": "sparse", "c": "sparse", "d": "sparse"}
     _, state = apply_payload(DELTA, BASE)
     assert_bit_exact(state, NEW)
+
+
+# ---------------------------------------------------------------------------------------------
+# the encoder is parallel and works block by block; the bytes it writes must stay those of the
+# format as first written. This reference is that first encoder, plainly: one stable sort of each
+# piece by class, then every change laid out class by class
+
+def _reference_varints(values) -> bytes:
+    out = bytearray()
+    for value in np.asarray(values).astype(np.uint64).tolist():
+        while value >= 0x80:
+            out.append(value & 0x7F | 0x80)
+            value >>= 7
+        out.append(value)
+    return bytes(out)
+
+
+def _reference_hash(state: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(f"{name}|{state[name].dtype}|{tuple(state[name].shape)}|".encode())
+        h.update(wd._bits(state[name]).tobytes())
+    return h.hexdigest()
+
+
+def reference_delta(base: dict, new: dict, *, base_version: int, version: int) -> bytes:
+    tensors, pieces = [], []  # pieces of sparse tensors: (first class id, members per class, class ids, ranks, steps)
+    for name in sorted(new):
+        old_bits, new_bits, dtype = wd._bits(base[name]), wd._bits(new[name]), new[name].dtype
+        entry = {"n": name, "d": str(dtype), "s": list(new[name].shape)}
+        tensors.append(entry)
+        if np.array_equal(old_bits, new_bits):
+            entry["k"] = "same"
+            continue
+        first, count, shift, mask = wd._CLASSES[dtype]
+        mine, size = [], 0
+        for start, end in wd._pieces(old_bits.size):
+            old, fresh = old_bits[start:end], new_bits[start:end]
+            local = ((old >> shift) & mask).astype(np.int64) if count > 1 else np.zeros(old.size, np.int64)
+            order = np.argsort(local, kind="stable")
+            members = np.bincount(local, minlength=count)
+            sorted_pos = np.flatnonzero((old != fresh)[order])
+            index = order[sorted_pos]
+            cls = local[index]
+            rank = sorted_pos - (np.cumsum(members) - members)[cls]
+            is_float = dtype in wd.FLOATS
+            steps = wd.zigzag(wd.ordered(fresh[index], is_float) - wd.ordered(old[index], is_float))
+            size += len(_reference_varints(np.diff(sorted_pos, prepend=-1) - 1)) + len(_reference_varints(steps))
+            mine.append((first, members, cls + first, rank, steps))
+        if size < new_bits.nbytes:
+            entry["k"] = "sparse"
+            pieces += mine
+        else:
+            entry.update(k="dense", b=new_bits.tobytes())
+    body = {"v": wd.FORMAT, "kind": "delta", "version": version, "base": base_version, "base_hash": _reference_hash(base),
+            "hash": _reference_hash(new), "tensors": tensors}
+    if pieces:
+        seen, records = np.zeros(wd.NUM_CLASSES, np.int64), []  # (class, position in the class, step)
+        for first, members, cls, rank, steps in pieces:
+            records += [(c, int(seen[c]) + r, s) for c, r, s in zip(cls.tolist(), rank.tolist(), steps.tolist())]
+            seen[first:first + members.size] += members
+        records.sort(key=lambda record: record[0])  # stable: within a class, pieces and ranks ascending
+        gaps, last = [], {}
+        for c, position, _ in records:
+            gaps.append(position - last.get(c, -1) - 1)
+            last[c] = position
+        ids, counts = np.unique([c for c, _, _ in records], return_counts=True)
+        body.update(classes=[[int(c), int(k)] for c, k in zip(ids, counts)], gaps=_reference_varints(gaps),
+                    steps=_reference_varints([s for _, _, s in records]))
+    packer = zlib.compressobj(wd.ZLIB_LEVEL, zlib.DEFLATED, zlib.MAX_WBITS, 9, wd.ZLIB_STRATEGY)
+    return b"Z" + packer.compress(msgpack.packb(body, use_bin_type=True)) + packer.flush()
+
+
+def _random_states(rng: random.Random, seed: int) -> tuple[dict, dict]:
+    """Tensors of every dtype and many sizes (empty ones too), a random share of them moved by a few steps."""
+    gen = torch.Generator().manual_seed(seed)
+    base, new = {}, {}
+    for i in range(rng.randrange(1, 8)):
+        dtype, n = rng.choice(DTYPES), rng.choice([0, 1, 2, 37, 255, 256, 1000, 4099, 20011])
+        if dtype == torch.bool:
+            t = torch.rand(n, generator=gen) < 0.5
+        elif dtype.is_floating_point:
+            t = (torch.randn(n, generator=gen) * 10.0 ** rng.randrange(-8, 3)).to(dtype)
+        else:
+            t = torch.randint(-100, 100, (n,), generator=gen).to(dtype)
+        bits = wd._bits(t).copy()
+        hit = np.random.default_rng(seed + i).random(n) < rng.choice([0.0, 0.002, 0.02, 0.2, 0.7, 1.0])
+        if dtype == torch.bool:
+            bits[hit] ^= 1
+        else:
+            moves = np.random.default_rng(seed).integers(-3, 4, int(hit.sum()))
+            bits[hit] = (bits[hit].astype(np.int64) + moves).astype(bits.dtype)
+        shape = (5, n // 5) if n and n % 5 == 0 else (n,)
+        base[f"t{i}"] = t.reshape(shape)
+        new[f"t{i}"] = torch.from_numpy(bits).view(dtype).reshape(shape) if n else t.clone()
+    return base, new
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_payloads_are_the_reference_encoders_bytes_whatever_the_pieces_blocks_and_threads(seed, monkeypatch):
+    rng = random.Random(seed)
+    monkeypatch.setattr(wd, "CHUNK", rng.choice([37, 1000, 1 << 22]))
+    monkeypatch.setattr(wd, "BLOCK", rng.choice([1, 3, 64, 1 << 16]))
+    monkeypatch.setattr(wd, "GROUP", rng.choice([1, 100, 1 << 18]))
+    monkeypatch.setattr(wd, "THREADS", rng.choice([1, 2, 3]))
+    base, new = _random_states(rng, seed)
+    payload = encode_delta(base, new, base_version=3, version=4)
+    assert payload == reference_delta(base, new, base_version=3, version=4)
+    _, state = apply_payload(payload, base)
+    assert_bit_exact(state, new)
+
+
+def test_a_bf16_step_over_many_blocks_is_the_reference_encoders_bytes(monkeypatch):
+    """A one-ulp RL step on 300K bf16 weights, cut into several pieces, blocks and runs of blocks."""
+    monkeypatch.setattr(wd, "CHUNK", 100_000)
+    monkeypatch.setattr(wd, "BLOCK", 4096)
+    monkeypatch.setattr(wd, "GROUP", 3 * 4096)
+    gen = torch.Generator().manual_seed(3)
+    master = {"w": torch.randn(300_000, generator=gen) * 0.02, "n": torch.ones(999) + torch.randn(999, generator=gen) * 1e-3}
+    base = {k: v.to(torch.bfloat16) for k, v in master.items()}
+    new = {k: (v + 2e-6 * torch.randn(v.shape, generator=gen).sign()).to(torch.bfloat16) for k, v in master.items()}
+    payload = encode_delta(base, new, base_version=0, version=1)
+    assert payload == reference_delta(base, new, base_version=0, version=1)
+    assert body_of(payload)["tensors"][1]["k"] == "sparse"
+    for threads in (1, 2):
+        monkeypatch.setattr(wd, "THREADS", threads)
+        _, state = apply_payload(payload, base)
+        assert_bit_exact(state, new)
+
+
+def test_varints_decode_alike_in_runs_on_a_pool_and_narrow(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(4)
+    values = np.concatenate([rng.integers(0, 2**7, 300), rng.integers(0, 2**16, 300), rng.integers(0, 2**63, 50, dtype=np.uint64)])
+    data = wd.varint_encode(values.astype(np.uint64))
+    monkeypatch.setattr(wd, "_DECODE_BYTES", 17)  # many runs, some ending inside a varint (cut back to its start)
+    with ThreadPoolExecutor(3) as pool:
+        assert np.array_equal(wd.varint_decode(data, max_count=650, pool=pool), values.astype(np.uint64))
+        small = wd.varint_encode(values[:600].astype(np.uint64))
+        assert np.array_equal(wd.varint_decode(small, max_count=600, dtype=np.uint16, pool=pool), values[:600])
+        with pytest.raises(ValueError, match="wider than 16 bits"):
+            wd.varint_decode(data, max_count=650, dtype=np.uint16, pool=pool)
+        with pytest.raises(ValueError):  # a varint longer than a run, and longer than any number
+            wd.varint_decode(b"\x80" * 40 + b"\x01", max_count=5, pool=pool)
