@@ -28,6 +28,7 @@ which the table's CPU column reports.
     python -m benchmarks fanout_wan            # results in benchmarks/results/fanout_wan.{json,md,png}
     GEPO_FANOUT_MB=100 python -m benchmarks fanout_wan  # the size of the issue's figure (needs ~40 GB)
     GEPO_FANOUT_TRANSPORT=grpc GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
+    GEPO_FANOUT_MBIT=50 python -m benchmarks fanout_wan   # half the rate: half the CPU per second of transfer
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from benchmarks.common import RESULTS, markdown_table, write_result
 from benchmarks.wan import Wan, wan_unavailable
 from benchmarks.wan_swarm import WanSwarm, records, wait_for
 
-RATE_MBIT = 100
+# every peer's link, each way; GEPO_FANOUT_MBIT sets another (results then under fanout_wan[_grpc]_<rate>mbit)
+RATE_MBIT = float(os.environ.get("GEPO_FANOUT_MBIT", "100"))
 RECEIVERS = (1, 2, 4, 8)
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
               "chunked": {"slots": 2, "relay": True, "chunked": True}}
@@ -126,7 +128,7 @@ def plot(rows: list[dict], path: Path) -> None:
         one = min(r[f"{name}_s"] for r in rows if r["receivers"] == 1)
         ax.axhline(1.5 * one, color="grey", linestyle=":", label="1.5x one receiver (goal)")
         mb = rows[0][f"{name}_mb"]
-        ax.set(title=f"{name} ({mb:.1f} MB), {RATE_MBIT} Mbit/s links", xlabel="samplers", ylabel="seconds to the last",
+        ax.set(title=f"{name} ({mb:.1f} MB), {RATE_MBIT:g} Mbit/s links", xlabel="samplers", ylabel="seconds to the last",
                xticks=list(RECEIVERS))
         ax.legend()
     fig.tight_layout()
@@ -153,17 +155,20 @@ def run() -> dict:
     for r in rows:
         one = next((x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1), r)
         r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
-    plot(rows, RESULTS / "fanout_wan.png")
+        r["snapshot_payload_vs_one"] = r["snapshot_payload_s"] / one["snapshot_payload_s"]
+    name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit")
+    plot(rows, RESULTS / f"{name}.png")
     figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "rows": rows}
-    md = (f"# Fan-out of one version under {RATE_MBIT} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
+    md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
           f"Seconds from the learner's announcement to the last sampler holding the verified version (payload s: "
           f"to the last holding all the payload's bytes, before applying them); "
-          f"learner copies: bytes it uploaded over the payload's size. Plot: fanout_wan.png.\n\n" + markdown_table(
-              ["strategy", "samplers", "snapshot MB", "snapshot s", "payload s", "x one", "learner copies", "delta MB",
+          f"learner copies: bytes it uploaded over the payload's size. Plot: {name}.png.\n\n" + markdown_table(
+              ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "payload s", "x one", "learner copies", "delta MB",
                "delta s", "payload s", "x one", "learner copies", "CPU % (snapshot)"],
-              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_payload_s"], r["snapshot_vs_one"],
+              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"], r["snapshot_payload_s"],
+                r["snapshot_payload_vs_one"],
                 r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_payload_s"], r["delta_vs_one"],
                 r["delta_learner_copies"],
                 r["snapshot_cpu_percent"]] for r in rows]))
-    write_result("fanout_wan", figures, md)
+    write_result(name, figures, md)
     return figures

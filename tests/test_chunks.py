@@ -184,9 +184,15 @@ def test_a_freed_upload_slot_goes_to_the_requester_served_least_whoever_asked_fi
     assert slots.active == 0 and not slots._given  # idle: the next busy spell starts even
 
 
+def _manifest_and_digests(spec, data):
+    manifest = spec_of(spec.kind, spec.version, data, spec.chunk_bytes)[1]
+    return manifest, spec.digests(manifest, "x")
+
+
 def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeypatch):
-    """Past MAX_WAITERS waiting requests, a chunk still on its way is answered busy (ask again
-    shortly), never "not held", which a fetch counts against its owner; held chunks are served."""
+    """Past MAX_WAITERS waiting requests, or past a request's wait, a chunk still on its way is
+    answered busy (ask again shortly), never "not held", which a fetch counts against its owner;
+    held chunks are served."""
     import swarm.fabric.chunks as chunks
 
     monkeypatch.setattr(chunks, "MAX_WAITERS", 1)
@@ -207,6 +213,11 @@ def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeyp
     assert header["ok"] is False and not header.get("busy")  # a payload not fetched here: not held
     assert partial.put(1, data[CHUNK:])
     waiter.join(5)
+    monkeypatch.setattr(chunks, "MAX_WAITERS", 32)
+    late, _ = spec_of("delta", 7, payload(2 * CHUNK, seed=1), CHUNK)
+    book.begin(late, *_manifest_and_digests(late, payload(2 * CHUNK, seed=1)))
+    header, sent = chunk_answer(book, chunk_request(late, 1, 0.2))  # on its way, not here within the wait
+    assert header["ok"] is False and header.get("busy") and sent is None
 
 
 @pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)

@@ -41,7 +41,7 @@ from swarm.fabric.weight_delta import CorruptVersion
 logger = logging.getLogger(__name__)
 OWNER_WAIT_S = 8.0  # how long a stripe's owner may take to have a chunk (it fetches its stripe in order)
 OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the rest of the fetch
-OWNER_BUSY = 50  # busy answers from an owner after which its chunks are fetched from whole holders
+OWNER_BUSY = 20  # busy answers in a row from an owner after which its chunks are fetched from whole holders
 WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default upload slots)
 SHARED_WORKERS = 4  # requests at once to other stripes' owners
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
@@ -95,6 +95,7 @@ class ChunkedFetch:
         self._misses: Counter[str] = Counter()
         self._failures: Counter[str] = Counter()
         self._busy_answers: Counter[str] = Counter()
+        self._busy_in_a_row: Counter[str] = Counter()  # since the peer last delivered a chunk
         self._progress = time.monotonic()  # when the last chunk was kept
         self._cond = threading.Condition()
         self._from_whole: deque[int] = deque()
@@ -185,12 +186,15 @@ class ChunkedFetch:
             self.adopted += 1
             self._cond.notify_all()
 
-    def _done(self, index: int, requeue: deque | None) -> None:
+    def _done(self, index: int, requeue: deque | None, *, front: bool = False) -> None:
+        """A worker is through with chunk `index`; unless it is here, it goes back to `requeue` (at
+        the front for a whole holder that was busy: a stripe is fetched in order, as the peers
+        waiting for its chunks expect)."""
         with self._cond:
             self._busy -= 1
             self._inflight.discard(index)
             if requeue is not None and not self.partial.have[index]:
-                requeue.append(index)
+                requeue.appendleft(index) if front else requeue.append(index)
             self._cond.notify_all()
 
     def _work(self, whole: bool) -> None:
@@ -198,13 +202,13 @@ class ChunkedFetch:
             index, from_whole = job
             if from_whole:
                 ok = self._fetch_whole(index)
-                self._done(index, None if ok else self._from_whole)
+                self._done(index, None if ok else self._from_whole, front=True)
                 if not ok:  # every whole holder busy (or failing): a moment for a slot to free
                     time.sleep(self.rng.uniform(*RETRY_S))
             else:
                 owner = self.owner(index)
                 ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
-                if ok is None and self._busy_answers[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
+                if ok is None and self._busy_in_a_row[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
                     self._done(index, self._from_owners)
                     time.sleep(self.rng.uniform(*RETRY_S))
                     continue
@@ -222,6 +226,7 @@ class ChunkedFetch:
             data = self.client.piece(peer, self.spec, index, wait_s)
         except HolderBusy:
             self._busy_answers[peer] += 1
+            self._busy_in_a_row[peer] += 1
             return None
         except CorruptVersion as exc:
             self._strike(peer, exc)
@@ -240,6 +245,7 @@ class ChunkedFetch:
                                               "its digest"))
             return False
         with self._cond:
+            self._busy_in_a_row[peer] = 0
             self.received[peer] += len(data)
             self._progress = time.monotonic()
         if self.on_chunk is not None:

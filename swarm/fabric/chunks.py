@@ -33,7 +33,7 @@ MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 22  # what a receiver accepts (
 MAX_CHUNKS = 1 << 16  # a manifest of at most 2 MiB
 MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not have yet
 # requests waiting at once for chunks on their way; beyond that a missing chunk is answered busy at
-# once (ask again shortly), never "not held", which a fetch counts against the holder. Sized for a
+# once (ask again shortly: NotYetHere), never "not held", which a fetch counts against the holder. Sized for a
 # stripe owner asked by 8 sharers' 4 workers each (chunked_fetch.SHARED_WORKERS) at a fetch's start
 MAX_WAITERS = 32
 _TOKEN = re.compile(r"^(delta|snapshot):([0-9]{1,13}):([0-9]{1,13}):([0-9]{1,8}):([0-9a-f]{64})$")
@@ -158,9 +158,11 @@ class Partial:
             self._cond.notify_all()
 
 
-class Crowded(Exception):
-    """A chunk still on its way that a holder cannot wait for now (too many requests wait already):
-    the requester should ask again shortly, not count it as a chunk the holder lacks."""
+class NotYetHere(Exception):
+    """A chunk of a payload this peer is receiving that has not arrived within the request's wait
+    (or that it cannot wait for now: too many requests wait already). The requester should ask
+    again shortly rather than count it as a chunk the holder lacks: an owner that is slow to get
+    its stripe is still the cheapest source of it."""
 
 
 class ChunkBook:
@@ -224,7 +226,8 @@ class ChunkBook:
     def lookup(self, kind: str, version: int, root: str, index: int | None, wait_s: float) -> bytes | None:
         """The manifest (index None) or chunk `index` of the payload with `root`, from a complete
         payload or a partial one; waiting up to `wait_s` (at most MAX_WAIT_S) for it to arrive.
-        None: not held. Raises Crowded when it would have to wait while MAX_WAITERS requests do."""
+        None: not held. Raises NotYetHere for a chunk of a payload being received here that did not
+        arrive in time (at once when MAX_WAITERS requests wait already)."""
         with self._cond:
             crowded = self._waiters >= MAX_WAITERS
             if crowded:
@@ -255,8 +258,9 @@ class ChunkBook:
                 if index >= partial.spec.count:
                     return None
                 data = partial.get(index, max(0.0, deadline - time.monotonic()))
-                if data is None and crowded and not partial.closed:
-                    raise Crowded(f"{MAX_WAITERS} requests wait for chunks here")  # on its way, not yet here
+                if data is None and not partial.closed:
+                    raise NotYetHere(f"{MAX_WAITERS} requests wait for chunks here" if crowded
+                                     else f"chunk {index} of {kind} {version} is on its way here")
                 return data
         finally:
             with self._cond:
@@ -303,7 +307,7 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "") -> t
         return {"ok": False, "reason": str(exc)[:200], "count": 0}, None
     try:
         data = book.lookup(kind, version, root, index, wait)
-    except Crowded as exc:
+    except NotYetHere as exc:
         return {"ok": False, "busy": True, "reason": f"busy: {exc}", "count": 0}, None
     if data is None:
         what = "the manifest" if index is None else f"chunk {index}"
