@@ -14,11 +14,11 @@ Two strategies:
   2 upload slots) and every other chunk from its stripe's owner, which forwards each verified
   chunk as it arrives (cut-through).
 
-Two payloads: a snapshot of about 50 MB (bfloat16, what a new sampler fetches) and the delta of
-one AdamW-sized step on it (what every sampler fetches after each step). 50 MB, not the 100 MB of
-a real mid-size model, because all receivers share this machine's 24 GB: applying a delta takes
-about 85 bytes of memory per changed weight (this step changes half of them), and 8 receivers
-applying a 100 MB version's delta at once ran out of memory. Time runs from the
+Two payloads: a snapshot of about 100 MB (bfloat16, what a new sampler fetches) and the delta of
+one AdamW-sized step on it (what every sampler fetches after each step; it changes half the
+weights, so the delta is about a tenth of the snapshot). Nine peers holding it peak at about 12 GB
+of this machine's 24 (applying a delta takes about 20-30 bytes of memory per changed weight; it
+took 85 before the delta coder's rewrite, when this benchmark had to use 50 MB). Time runs from the
 learner's announcement to the last sampler holding the verified version, and to the last holding
 all of the payload's bytes (what the strategy decides; applying a delta is CPU work that 8
 receivers here do on two shared cores); followers poll every 0.25 s. No delay emulation (no
@@ -26,7 +26,7 @@ netem here): links add bandwidth limits, not latency. All peers share this machi
 which the table's CPU column reports.
 
     python -m benchmarks fanout_wan            # results in benchmarks/results/fanout_wan.{json,md,png}
-    GEPO_FANOUT_MB=100 python -m benchmarks fanout_wan  # the size of the issue's figure (needs ~40 GB)
+    GEPO_FANOUT_MB=50 python -m benchmarks fanout_wan   # half the payload
     GEPO_FANOUT_TRANSPORT=grpc GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
     GEPO_FANOUT_MBIT=50 python -m benchmarks fanout_wan   # half the rate: half the CPU per second of transfer
 """
@@ -140,7 +140,7 @@ def run() -> dict:
     if unavailable:
         print(f"  skipped: {unavailable}")
         return {}
-    megabytes = float(os.environ.get("GEPO_FANOUT_MB", 50))
+    megabytes = float(os.environ.get("GEPO_FANOUT_MB", 100))
     transport = os.environ.get("GEPO_FANOUT_TRANSPORT", "hivemind")
     strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", ",".join(STRATEGIES)).split(",")
     rows = []
