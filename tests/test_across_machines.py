@@ -17,7 +17,8 @@ from swarm.config import LearnerConfig, SamplerConfig, check_announce_addr
 from swarm.fabric.addresses import order_for_others
 from swarm.fabric.pulse import Pulse
 from swarm.fabric.transports import start_bootstrap
-from swarm.fabric.versions import UploadSlots, VersionStore, snapshot_bytes
+from swarm.fabric.upload_slots import UploadSlots
+from swarm.fabric.versions import VersionStore, snapshot_bytes
 
 PEER = "/ip4/127.0.0.1/tcp/31337/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
 

@@ -27,7 +27,8 @@ from swarm.fabric.chunked_fetch import sharers_for
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.pulse import Pulse
 from swarm.fabric.records import Heartbeat, Member, RunSampling, VersionAnnouncement
-from swarm.fabric.versions import UploadSlots, VersionStore
+from swarm.fabric.upload_slots import UploadSlots
+from swarm.fabric.versions import VersionStore
 from swarm.fabric.weight_delta import CorruptVersion, state_hash
 from swarm.staleness import SecondsDelay
 

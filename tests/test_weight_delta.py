@@ -93,6 +93,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swarm.fabric import varints
 from swarm.fabric import weight_delta as wd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
@@ -533,7 +534,7 @@ def test_varints_decode_alike_in_runs_on_a_pool_and_narrow(monkeypatch):
     rng = np.random.default_rng(4)
     values = np.concatenate([rng.integers(0, 2**7, 300), rng.integers(0, 2**16, 300), rng.integers(0, 2**63, 50, dtype=np.uint64)])
     data = wd.varint_encode(values.astype(np.uint64))
-    monkeypatch.setattr(wd, "_DECODE_BYTES", 17)  # many runs, some ending inside a varint (cut back to its start)
+    monkeypatch.setattr(varints, "_DECODE_BYTES", 17)  # many runs, some ending inside a varint (cut back to its start)
     with ThreadPoolExecutor(3) as pool:
         assert np.array_equal(wd.varint_decode(data, max_count=650, pool=pool), values.astype(np.uint64))
         small = wd.varint_encode(values[:600].astype(np.uint64))

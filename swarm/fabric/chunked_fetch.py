@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial
-from swarm.fabric.versions import HolderBusy, send_deadline
+from swarm.fabric.upload_slots import HolderBusy
+from swarm.fabric.versions import send_deadline
 from swarm.fabric.weight_delta import CorruptVersion
 
 logger = logging.getLogger(__name__)

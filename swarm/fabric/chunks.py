@@ -33,8 +33,9 @@ MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 22  # what a receiver accepts (
 MAX_CHUNKS = 1 << 16  # a manifest of at most 2 MiB
 MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not have yet
 # requests waiting at once for chunks on their way; beyond that a missing chunk is answered busy at
-# once (ask again shortly: NotYetHere), never "not held", which a fetch counts against the holder. Sized for a
-# stripe owner asked by 8 sharers' 4 workers each (chunked_fetch.SHARED_WORKERS) at a fetch's start
+# once (ask again shortly: NotYetHere), never "not held", which a fetch counts against the holder.
+# Sized for a stripe owner asked by 8 sharers' 4 workers each (chunked_fetch.SHARED_WORKERS) at a
+# fetch's start
 MAX_WAITERS = 32
 _TOKEN = re.compile(r"^(delta|snapshot):([0-9]{1,13}):([0-9]{1,13}):([0-9]{1,8}):([0-9a-f]{64})$")
 TOKEN_PATTERN = _TOKEN.pattern

@@ -25,7 +25,8 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
-from swarm.fabric.versions import Announced, FetchResult, HolderBusy, VersionStore
+from swarm.fabric.upload_slots import HolderBusy
+from swarm.fabric.versions import Announced, FetchResult, VersionStore
 from swarm.fabric.weight_delta import CorruptVersion
 from swarm.progress import Progress, ProgressTask
 

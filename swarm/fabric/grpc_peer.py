@@ -18,8 +18,6 @@ import time
 from collections import OrderedDict
 from typing import Iterable, Iterator, Mapping, Sequence
 
-import msgpack
-
 from swarm.fabric.grpc_common import (
     CHUNK_BYTES,
     MESSAGE_LIMIT,
@@ -41,27 +39,16 @@ from swarm.fabric.grpc_common import (
     verify_owner_signature,
 )
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
-from swarm.fabric.chunks import ChunkSpec, chunk_answer, takes_slot
+from swarm.fabric.chunks import ChunkSpec
+from swarm.fabric.grpc_weights import WEIGHTS, GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
 from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
-from swarm.fabric.versions import (
-    HEADER_LIMIT,
-    WEIGHT_REQUEST_LIMIT,
-    Announced,
-    RebuildingClient,
-    UploadSlots,
-    check_payload_count,
-    check_payload_size,
-    newest_authorised,
-    refuse_unless_ok,
-)
-from swarm.fabric.weight_delta import MAX_PAYLOAD_BYTES, CorruptVersion
+from swarm.fabric.versions import WEIGHT_REQUEST_LIMIT, Announced, newest_authorised
 
 logger = logging.getLogger(__name__)
 
 ROLLOUTS = f"/{SERVICE}.Peer/Rollouts"
-WEIGHTS = f"/{SERVICE}.Peer/Weights"
 RESERVE_WORKERS = 16  # server threads rollout streams can never take: weight requests and refusals run there
 WEIGHT_SEND_S = 30.0  # longest a receiver may take to read one chunk (4 MiB: at least ~140 KB/s)
 REMEMBERED_NAMES = 100_000
@@ -283,128 +270,6 @@ class GrpcRolloutSender:
 
     def close(self) -> None:
         pass  # channels belong to the fabric
-
-
-class GrpcWeightServer:
-    """Serves the versions in `store`: a header (the size of each payload), then chunks."""
-
-    def __init__(self, server: GrpcPeerServer, store, *, slots: int | None = None) -> None:
-        self.store, self.served, self.bytes_served, self._server = store, 0, 0, server
-        self.slots = UploadSlots(slots)
-        server.weight_handler = self._handle
-
-    def _handle(self, request: dict, who: str = ""):
-        if "op" in request:  # a manifest or a chunk
-            yield from self._chunk(request, who)
-            return
-        have, want = request.get("have"), request.get("want")
-        if not _is_int(want):
-            yield pack({"ok": False, "reason": f"want must be a version number, not {type(want).__name__}"})
-            return
-        if not self.slots.take():  # the slot first: a request that is refused costs no encoding
-            yield pack(self.slots.busy_reply())
-            return
-        try:  # a receiver that goes away ends this generator (GeneratorExit): the slot is freed all the same
-            try:
-                payloads = self.store.payloads(have if _is_int(have) else None, want)
-            except (KeyError, TypeError, ValueError) as exc:
-                yield pack({"ok": False, "reason": str(exc)})
-                return
-            yield pack({"ok": True, "sizes": [len(p) for p in payloads]})
-            for payload in payloads:
-                yield from self._pieces(payload)
-            self.served += 1
-        finally:
-            self.slots.release()
-
-    def _chunk(self, request: dict, who: str):
-        header, data = chunk_answer(self.store.book, request, self.slots, who)
-        if data is None:
-            yield pack(header)
-            return
-        try:
-            yield pack(header)
-            yield from self._pieces(data)
-        finally:
-            if takes_slot(request):
-                self.slots.release()
-
-    def _pieces(self, payload: bytes):
-        """A payload in messages of at most CHUNK_BYTES, counted as they go (a receiver that has
-        all it wants closes the call before this generator runs on)."""
-        for start in range(0, len(payload), CHUNK_BYTES):
-            piece = payload[start : start + CHUNK_BYTES]
-            self.bytes_served += len(piece)
-            yield piece
-
-    def close(self) -> None:
-        self._server.weight_handler = None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class GrpcWeightClient(RebuildingClient):
-    """Fetches versions from holders' gRPC servers, each request signed. What a holder says is
-    checked before anything is read: at most the payloads `have -> want` takes, each at most
-    `max_payload_bytes`, sent in chunks of at most CHUNK_BYTES that add up to exactly that size."""
-
-    def __init__(self, channels: _Channels, signer: RequestSigner, *, timeout_s: float = 120.0,
-                 max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
-        self._channels, self._signer, self.timeout_s, self.max_payload_bytes = channels, signer, timeout_s, max_payload_bytes
-
-    def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
-        return self._call(holder, {"have": have, "want": want}, have, want, self.timeout_s)
-
-    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
-        return self._call(holder, request, None, request["version"], timeout, single=size)[0]
-
-    def _call(self, holder: str, request: dict, have: int | None, want: int, timeout: float,
-              single: int | None = None) -> list[bytes]:
-        body = pack(request)
-        call = self._channels.get(holder).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
-        messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))
-        try:
-            sizes = self._sizes(holder, have, want, next(messages, None), single)
-            return [self._payload(holder, messages, size, single) for size in sizes]
-        finally:
-            messages.cancel()  # a refused transfer stops the holder's sending as well
-
-    def _sizes(self, holder: str, have: int | None, want: int, first: bytes | None, single: int | None = None) -> list[int]:
-        if first is None:
-            raise CorruptVersion(f"holder {holder} sent no header")
-        if len(first) > HEADER_LIMIT:
-            raise CorruptVersion(f"holder {holder} sent a header of {len(first)} bytes (at most {HEADER_LIMIT})")
-        try:
-            header = unpack(first)
-        except (ValueError, msgpack.UnpackException) as exc:
-            raise CorruptVersion(f"holder {holder} sent an unreadable header: {exc}") from exc
-        if not isinstance(header, dict):
-            raise CorruptVersion(f"holder {holder} sent a malformed header")
-        refuse_unless_ok(header, holder, want)
-        sizes = header.get("sizes")
-        check_payload_count(len(sizes) if isinstance(sizes, list) else None, have, want, holder)
-        limit = self.max_payload_bytes if single is None else single
-        return [check_payload_size(size, holder, limit) for size in sizes]  # all, before reading any
-
-    def _payload(self, holder: str, messages, size: int, single: int | None = None) -> bytes:
-        parts, got = [], 0
-        while got < size:
-            chunk = next(messages, None)
-            if chunk is None:
-                raise CorruptVersion(f"holder {holder} ended the transfer {size - got} bytes short of a payload")
-            if not chunk or len(chunk) > CHUNK_BYTES or got + len(chunk) > size:
-                raise CorruptVersion(f"holder {holder} sent a chunk of {len(chunk)} bytes at byte {got} of a {size}-byte "
-                                     f"payload (chunks are 1..{CHUNK_BYTES} bytes and end where the payload does)")
-            parts.append(chunk)
-            got += len(chunk)
-            if self.on_received is not None and single is None:
-                self.on_received(len(chunk))
-        return b"".join(parts)  # a wrong content fails the hash check
-
-    def close(self) -> None:
-        pass
 
 
 def _verified_announcements(listed: list, keys: set[bytes]) -> list[tuple[bytes, dict]]:

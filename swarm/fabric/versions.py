@@ -12,11 +12,10 @@ chain of deltas; a new or too-far-behind receiver gets a snapshot.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
@@ -36,6 +35,7 @@ from swarm.fabric.chunks import (
 )
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
 from swarm.fabric.records import RunSampling, VersionAnnouncement, versions_key
+from swarm.fabric.upload_slots import HolderBusy, UploadSlots
 from swarm.fabric.weight_delta import (
     MAX_PAYLOAD_BYTES,
     CorruptVersion,
@@ -269,106 +269,6 @@ class VersionStore:
 def snapshot_bytes(state: Mapping[str, torch.Tensor]) -> int:
     """About the size of a snapshot of `state` (encode_snapshot stores each tensor's raw bytes)."""
     return sum(t.numel() * t.element_size() for t in state.values())
-
-
-class HolderBusy(KeyError):
-    """A holder refused a transfer because all its upload slots are taken: ask another (no blame)."""
-
-
-class UploadSlots:
-    """How many weight transfers a peer serves at once: a learner's upload budget, a relay's share.
-    None: no limit. A request over the limit waits a little for a slot (a chunk takes a fraction of
-    a second: queueing costs less than a busy reply and a retry) and is then answered busy (the
-    requester asks another holder) rather than queued behind transfers that may take minutes.
-
-    A freed slot goes to the waiting requester that was given the fewest slots since this peer was
-    last idle (the earliest among equals): the learner hands out the stripes of a payload evenly,
-    so no stripe owner falls behind the others and holds up everyone's last chunks."""
-
-    def __init__(self, limit: int | None) -> None:
-        self.limit, self.active, self.refused = limit, 0, 0
-        self._cond = threading.Condition()
-        self._tickets = itertools.count()
-        self._waiting: dict[int, str] = {}  # ticket -> requester, while it waits
-        self._given: Counter = Counter()  # requester -> slots given since the last idle moment
-        self._wakeups: set = set()  # (loop, future) of coroutines waiting in take_async
-
-    def _grant(self, ticket: int) -> bool:
-        """Under the lock: give `ticket` a slot if one is free and it is the one to serve next."""
-        if self.limit is not None and self.active >= self.limit:
-            return False
-        if min(self._waiting, key=lambda t: (self._given[self._waiting[t]], t)) != ticket:
-            return False
-        who = self._waiting.pop(ticket)
-        self.active += 1
-        self._given[who] += 1
-        return True
-
-    def _give_up(self, ticket: int) -> None:
-        """Under the lock: `ticket` stops waiting (refused or cancelled); the next in line may go."""
-        if self._waiting.pop(ticket, None) is not None:
-            self._wake()
-
-    def _wake(self) -> None:
-        self._cond.notify_all()
-        for loop, future in list(self._wakeups):
-            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(None))
-
-    def take(self, wait_s: float = 0.0, who: str = "") -> bool:
-        """A slot for requester `who`, waiting up to `wait_s` for one."""
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            ticket = next(self._tickets)
-            self._waiting[ticket] = who
-            while not self._grant(ticket):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._give_up(ticket)
-                    self.refused += 1
-                    return False
-                self._cond.wait(left)
-            return True
-
-    async def take_async(self, wait_s: float, who: str = "") -> bool:
-        """`take` on an event loop (it never blocks the loop; a caller cancelled while it waits has
-        taken nothing)."""
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            ticket = next(self._tickets)
-            self._waiting[ticket] = who
-        try:
-            while True:
-                future = loop.create_future()
-                with self._cond:
-                    if self._grant(ticket):
-                        return True
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._give_up(ticket)
-                        self.refused += 1
-                        return False
-                    self._wakeups.add((loop, future))
-                try:
-                    await asyncio.wait_for(future, min(left, 0.5))
-                except asyncio.TimeoutError:
-                    pass
-                finally:
-                    with self._cond:
-                        self._wakeups.discard((loop, future))
-        finally:
-            with self._cond:
-                self._give_up(ticket)  # a no-op once granted
-
-    def release(self) -> None:
-        with self._cond:
-            self.active -= 1
-            if self.active <= 0 and not self._waiting:
-                self._given.clear()  # idle: the next busy spell starts even
-            self._wake()
-
-    def busy_reply(self) -> dict:
-        return {"ok": False, "busy": True, "reason": f"busy: serving {self.limit} transfers, its upload limit", "count": 0}
 
 
 class WeightServer:
