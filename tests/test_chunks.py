@@ -130,6 +130,52 @@ def test_a_holder_answers_bad_requests_and_busy_slots_without_sending_anything()
     slots.release()
 
 
+def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_to(monkeypatch):
+    """A complete payload's chunk goes once to a relaying requester; the next requesters of that
+    chunk within REDIRECT_S are sent there, unless they force (that relay failed them); a
+    requester that does not relay is never a target, and a payload being received is never
+    redirected (its owner is what others ask)."""
+    import swarm.fabric.chunks as chunks
+
+    data = payload(3 * CHUNK)
+    book = ChunkBook(lambda kind, version: data if version == 4 else None, CHUNK)
+    spec = book.spec("snapshot", 4)
+    slots = UploadSlots(4)
+
+    def ask(index, taker, **flags):
+        header, sent = chunk_answer(book, chunk_request(spec, index, 0, **flags), slots, taker, taker)
+        if sent is not None:
+            slots.release()
+        return header, sent
+
+    header, sent = ask(0, "quiet")  # does not relay: sent, and not remembered
+    assert header["ok"] and sent == data[:CHUNK]
+    assert ask(0, "a", relays=True)[1] == data[:CHUNK]
+    assert ask(0, "a", relays=True)[1] == data[:CHUNK]  # its own chunk again (a transfer it lost)
+    header, sent = ask(0, "b", relays=True)
+    assert header["redirect"] == "a" and header["ok"] is False and sent is None
+    assert ask(1, "b", relays=True)[1] == data[CHUNK:2 * CHUNK]  # another chunk: b is its taker
+    assert ask(1, "a", relays=True)[0]["redirect"] == "b"
+    header, sent = ask(0, "b", relays=True, force=True)  # a failed b: sent, and b takes over
+    assert sent == data[:CHUNK] and ask(0, "c")[0]["redirect"] == "b"
+    assert slots.active == 0 and book.takers.redirected == 3  # a redirect takes no slot
+    monkeypatch.setattr(chunks, "REDIRECT_S", 0.0)
+    time.sleep(0.01)
+    assert ask(0, "c")[1] == data[:CHUNK]  # past the window: sent again
+    # the claim made once a slot is taken (where the transports take it) decides races
+    request = chunk_request(spec, 2, 0, relays=True)
+    monkeypatch.setattr(chunks, "REDIRECT_S", 30.0)
+    assert chunks.claim_chunk(book, request, "a") is None and chunks.claim_chunk(book, request, "b")["redirect"] == "a"
+    partial_spec, manifest = spec_of("delta", 9, data, CHUNK)
+    partial = book.begin(partial_spec, manifest, partial_spec.digests(manifest, "x"))
+    assert partial.put(0, data[:CHUNK])
+    for taker in ("a", "b"):
+        header, sent = chunk_answer(book, chunk_request(partial_spec, 0, 0, relays=True), None, taker, taker)
+        assert sent == data[:CHUNK]
+    with pytest.raises(ValueError, match="force and relays"):
+        parse_chunk_request({**chunk_request(spec, 0, 0), "force": "yes"})
+
+
 def test_an_event_loop_waiting_for_a_slot_is_not_blocked_and_a_cancelled_waiter_takes_none():
     import asyncio
 
@@ -259,6 +305,11 @@ def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_w
         # falls back to whole holders): neither fetch came to that
         assert max(t for _, t in done) - started < MAX_WAIT_S, "a fetch waited for its mirror image"
         assert all(f.adopted > 0 for f in fetches)
+        # both take every even chunk for their own and ask the learner for it; it sends each chunk
+        # to the first, the second to it: about one copy (two requests may cross in flight), not two
+        size = spec.size
+        assert sum(f.redirected for f in fetches) > spec.count // 4
+        assert servers[0].bytes_served < 1.3 * size, f"the learner sent {servers[0].bytes_served / size:.2f} copies"
     finally:
         for f in fetches:
             f.client.close()
@@ -406,7 +457,7 @@ def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_c
 class NothingHeld:
     """A weight client whose every holder answers "not held"."""
 
-    def piece(self, holder, spec, index, wait_s=0.0):
+    def piece(self, holder, spec, index, wait_s=0.0, **flags):
         raise KeyError(f"{holder} holds nothing")
 
 

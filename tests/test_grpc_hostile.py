@@ -283,7 +283,7 @@ def test_cut_streams_give_their_server_threads_back(swarm, learner_server):
 
 def bogus(*messages):
     """A holder's weight handler that answers every request with `messages` (and notes the requests)."""
-    def handle(request, who=""):
+    def handle(request, who="", peer=""):
         handle.requests.append(request)
         return iter(messages)
 
@@ -357,7 +357,7 @@ def test_a_receiver_that_stops_reading_weights_is_cut_off(swarm):
     holder.server.weight_send_s = 0.3
     sent, ended = [], threading.Event()
 
-    def endless(request, who=""):  # a 400 MiB transfer, one 4 MiB chunk at a time
+    def endless(request, who="", peer=""):  # a 400 MiB transfer, one 4 MiB chunk at a time
         try:
             yield pack({"ok": True, "sizes": [100 * CHUNK_BYTES]})
             chunk = bytes(CHUNK_BYTES)

@@ -137,7 +137,7 @@ def test_a_chunked_download_reports_every_verified_chunk():
     spec, manifest = spec_of("snapshot", 3, data, MIN_CHUNK_BYTES)
 
     class Holder:  # holds the whole payload
-        def piece(self, holder, spec, index, wait_s=0.0):
+        def piece(self, holder, spec, index, wait_s=0.0, **flags):
             if index is None:
                 return manifest
             start, end = spec.bounds(index)

@@ -196,7 +196,7 @@ def serve_bogus_weights(holder, size: int):
     if holder.fabric.transport == "grpc":
         from swarm.fabric.grpc_common import pack
 
-        holder.fabric.server.weight_handler = lambda request, who="": iter([pack({"ok": True, "sizes": [size]})])
+        holder.fabric.server.weight_handler = lambda request, who="", peer="": iter([pack({"ok": True, "sizes": [size]})])
         return None
     import msgpack
     from hivemind.p2p import P2P

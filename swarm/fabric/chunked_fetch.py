@@ -21,7 +21,9 @@ the sender is struck (`on_corrupt`: the follower shuns it as it does a holder of
 version). Whole holders hand out their upload slots to the requester served least so far
 (versions.UploadSlots), so every stripe arrives at the same pace, and a peer whose own stripe is
 done puts its whole-holder workers on the owners' chunks, so the last chunks have more requests in
-flight.
+flight. A whole holder that sent a chunk to a relaying peer already sends later requesters there
+(chunks.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
+plans that differ (adopted chunks, owners passed over) cost the learner about one copy all the same.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial
+from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial, Redirected
 from swarm.fabric.upload_slots import HolderBusy
 from swarm.fabric.versions import send_deadline
 from swarm.fabric.weight_delta import CorruptVersion
@@ -48,6 +50,9 @@ SHARED_WORKERS = 4  # requests at once to other stripes' owners
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
 STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
+# how long the peer a whole holder redirects to may take to have the chunk (it took it from that
+# holder a moment ago, or is taking it now)
+REDIRECT_WAIT_S = 4.0
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -104,6 +109,8 @@ class ChunkedFetch:
         self._busy = 0  # workers in a request
         self._inflight: set[int] = set()  # chunks a worker is fetching from a whole holder now
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
+        self.redirected = 0  # chunk requests a whole holder sent to the peer it had sent the chunk to
+        self.relays = me in self.sharers  # this peer serves what it receives (holders may send others here)
         self.partial: Partial | None = None
 
     def owner(self, index: int) -> str | None:
@@ -221,10 +228,12 @@ class ChunkedFetch:
         learner = [p for p in self.whole[-1:] if p not in self._dead]
         return any(self._try(peer, index, 0.0) is True for peer in relays + learner)
 
-    def _try(self, peer: str, index: int, wait_s: float) -> bool | None:
+    def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False) -> bool | None:
         """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed."""
         try:
-            data = self.client.piece(peer, self.spec, index, wait_s)
+            data = self.client.piece(peer, self.spec, index, wait_s, force=force, relays=self.relays)
+        except Redirected as exc:
+            return self._redirected(peer, exc.target, index) if not force else False
         except HolderBusy:
             self._busy_answers[peer] += 1
             self._busy_in_a_row[peer] += 1
@@ -252,6 +261,20 @@ class ChunkedFetch:
         if self.on_chunk is not None:
             self.on_chunk(len(data))
         return True
+
+    def _redirected(self, holder: str, target: str, index: int) -> bool | None:
+        """`holder` sent chunk `index` to `target` already: from `target` (asked with `force`, so
+        that redirects do not chain), else from `holder` with `force` (the target failed, is gone,
+        is this peer, or kept saying busy)."""
+        with self._cond:
+            self.redirected += 1
+        if target != self.me and target not in self._dead:
+            got = self._try(target, index, REDIRECT_WAIT_S, force=True)
+            if got is True:
+                return True
+            if got is None and self._busy_in_a_row[target] <= OWNER_BUSY:
+                return None  # it has the chunk or will shortly: ask again in a moment
+        return self._try(holder, index, 0.0, force=True)
 
     def _strike(self, peer: str, exc: BaseException) -> None:
         logger.warning("peer %s sent a chunk that does not verify: %s", peer, exc)

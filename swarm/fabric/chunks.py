@@ -8,6 +8,11 @@ so a chunk is as good as the learner's signature whoever sent it, and a peer ser
 chunk it holds before it holds the whole payload (cut-through). The assembled payload is then
 applied and checked against the version's hash as before: a model never loads anything else.
 
+A holder of a complete payload sends each chunk once per fan-out: a second requester of a chunk
+within REDIRECT_S of the first is sent to the first (`Takers`), which holds the chunk or is
+receiving it, unless it asks again with `force` (that peer failed it). So peers whose views of who
+fetches what differ still cost the learner about one copy, not one per view.
+
 A holder answers from a complete payload it holds (its store's delta or snapshot of that version,
 served only when its own manifest has the root asked for: an honest relay whose encoding differs
 answers "not held" and earns no strike) or from a payload it is receiving (a `Partial`), waiting
@@ -37,6 +42,12 @@ MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not ha
 # Sized for a stripe owner asked by 8 sharers' 4 workers each (chunked_fetch.SHARED_WORKERS) at a
 # fetch's start
 MAX_WAITERS = 32
+# how long a whole holder sends a chunk's later requesters to the relaying peer it sent the chunk to
+# (a fan-out's wave: the requests for one chunk come within seconds of each other; a later fetch
+# would pay a round trip per chunk to a peer that may have moved on)
+REDIRECT_S = 30.0
+MAX_PEER_ID_CHARS = 128  # as membership records bound them
+MAX_TAKEN_PAYLOADS = 4  # payloads whose takers are remembered (a version's delta and snapshot, the last two)
 _TOKEN = re.compile(r"^(delta|snapshot):([0-9]{1,13}):([0-9]{1,13}):([0-9]{1,8}):([0-9a-f]{64})$")
 TOKEN_PATTERN = _TOKEN.pattern
 
@@ -159,6 +170,54 @@ class Partial:
             self._cond.notify_all()
 
 
+class Redirected(KeyError):
+    """A holder of the whole payload sent this chunk to `target` already (a relaying peer that holds
+    it or is receiving it): ask `target` for it, and this holder again with `force` if that fails."""
+
+    def __init__(self, holder, target: str) -> None:
+        super().__init__(f"holder {holder} sent this chunk to {target} already")
+        self.target = target
+
+
+class Takers:
+    """Which relaying peer each chunk of the complete payloads held here went to last, and when:
+    a holder that sends a chunk to every peer asking for it uploads as many copies as there are
+    peers whose plans missed it; sent to the first taker instead, they cost it one."""
+
+    def __init__(self) -> None:
+        self._taken: OrderedDict[tuple[str, int, str], dict[int, tuple[str, float]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.redirected = 0  # requests sent to an earlier taker
+
+    def target(self, key: tuple[str, int, str], index: int, taker: str, *, force: bool) -> str | None:
+        """The peer to send `taker` to for chunk `index` of payload `key` (kind, version, root), or
+        None: send it here."""
+        if force:
+            return None
+        with self._lock:
+            found = self._taken.get(key, {}).get(index)
+            if found is None or found[0] == taker or time.monotonic() - found[1] > REDIRECT_S:
+                return None
+            self.redirected += 1
+            return found[0]
+
+    def claim(self, key: tuple[str, int, str], index: int, taker: str, *, relays: bool, force: bool) -> str | None:
+        """As `target`, and when it is None `taker` (if it relays) becomes the chunk's taker, in one
+        step: two requests for the same chunk never both pass."""
+        with self._lock:
+            found = self._taken.get(key, {}).get(index)
+            now = time.monotonic()
+            if not force and found is not None and found[0] != taker and now - found[1] <= REDIRECT_S:
+                self.redirected += 1
+                return found[0]
+            if relays and taker:
+                self._taken.setdefault(key, {})[index] = (taker, now)
+                self._taken.move_to_end(key)
+                while len(self._taken) > MAX_TAKEN_PAYLOADS:
+                    self._taken.popitem(last=False)
+            return None
+
+
 class NotYetHere(Exception):
     """A chunk of a payload this peer is receiving that has not arrived within the request's wait
     (or that it cannot wait for now: too many requests wait already). The requester should ask
@@ -178,6 +237,7 @@ class ChunkBook:
         self._partials: dict[tuple[str, int], Partial] = {}
         self._cond = threading.Condition()
         self._waiters = 0
+        self.takers = Takers()
 
     def spec(self, kind: str, version: int) -> ChunkSpec | None:
         """The spec of a complete payload held here (what a learner announces), or None."""
@@ -206,6 +266,10 @@ class ChunkBook:
                 while len(self._manifests) > 3:
                     self._manifests.popitem(last=False)
         return found if root is None or found[0].root == root else None
+
+    def holds_whole(self, kind: str, version: int, root: str) -> bool:
+        """Whether the complete payload with `root` is held here (not one being received)."""
+        return self._complete(kind, version, root) is not None
 
     def begin(self, spec: ChunkSpec, manifest: bytes, digests: list[bytes]) -> Partial:
         partial = Partial(spec, manifest, digests)
@@ -270,7 +334,9 @@ class ChunkBook:
 
 def parse_chunk_request(request: dict) -> tuple[str, int, str, int | None, float]:
     """(kind, version, root, index or None for the manifest, wait seconds) of a request
-    {op: "manifest" | "chunk", kind, version, root, index, wait}; ValueError naming what is wrong."""
+    {op: "manifest" | "chunk", kind, version, root, index, wait, force, relays}; ValueError naming
+    what is wrong. `force`: send it even if another peer took it (that peer failed the requester);
+    `relays`: the requester serves what it receives to others (it may be sent their way)."""
     op, kind, version, root = request.get("op"), request.get("kind"), request.get("version"), request.get("root")
     index, wait = request.get("index"), request.get("wait", 0.0)
     if op not in ("manifest", "chunk") or kind not in KINDS:
@@ -281,6 +347,8 @@ def parse_chunk_request(request: dict) -> tuple[str, int, str, int | None, float
         raise ValueError(f"chunk index must be an int in 0..{MAX_CHUNKS - 1}")
     if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 3600:
         raise ValueError("wait must be a number of seconds")
+    if not all(isinstance(request.get(flag, False), bool) for flag in ("force", "relays")):
+        raise ValueError("force and relays must be true or false")
     return kind, version, root, index if op == "chunk" else None, float(wait)
 
 
@@ -297,15 +365,37 @@ def takes_slot(request: dict) -> bool:
     return request.get("op") == "chunk"
 
 
-def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "") -> tuple[dict, bytes | None]:
+def redirect_reply(target: str) -> dict:
+    return {"ok": False, "redirect": target, "reason": f"sent to {target} already: ask it", "count": 0}
+
+
+def claim_chunk(book: ChunkBook, request: dict, taker: str) -> dict | None:
+    """Once an upload slot is taken for a valid chunk request: None to send the chunk (`taker`, the
+    requester's peer id, is then its taker when it relays), or the redirect reply to send instead
+    (the caller frees the slot). Only a complete payload's chunks are redirected."""
+    kind, version, root, index = request["kind"], request["version"], request["root"], request["index"]
+    if not book.holds_whole(kind, version, root):
+        return None
+    target = book.takers.claim((kind, version, root), index, taker, relays=request.get("relays", False),
+                               force=request.get("force", False))
+    return None if target is None else redirect_reply(target)
+
+
+def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", taker: str = "") -> tuple[dict, bytes | None]:
     """A holder's answer to a manifest or chunk request: (header, data). With `slots`, when data
     is not None and the request `takes_slot`, an upload slot is held, which the caller releases
-    once it has sent the data (without, the caller takes one); `who` is the requester, whose turn
-    for a slot comes by how many it was given (UploadSlots). Blocks (a chunk on its way, a slot): call it from a thread."""
+    once it has sent the data, and the chunk is claimed (`claim_chunk`: a redirect instead; without
+    slots, the caller takes one and claims); `who` is the requester, whose turn for a slot comes by
+    how many it was given (UploadSlots), `taker` its peer id (where later requesters of the chunk
+    may be sent). Blocks (a chunk on its way, a slot): call it from a thread."""
     try:
         kind, version, root, index, wait = parse_chunk_request(request)
     except ValueError as exc:
         return {"ok": False, "reason": str(exc)[:200], "count": 0}, None
+    if index is not None and book.holds_whole(kind, version, root):  # before queueing for a slot
+        target = book.takers.target((kind, version, root), index, taker, force=request.get("force", False))
+        if target is not None:
+            return redirect_reply(target), None
     try:
         data = book.lookup(kind, version, root, index, wait)
     except NotYetHere as exc:
@@ -313,17 +403,28 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "") -> t
     if data is None:
         what = "the manifest" if index is None else f"chunk {index}"
         return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None
-    if slots is not None and takes_slot(request) and not slots.take(SLOT_WAIT_S, who):
-        return slots.busy_reply(), None
+    if slots is not None and takes_slot(request):
+        if not slots.take(SLOT_WAIT_S, who):
+            return slots.busy_reply(), None
+        redirect = claim_chunk(book, request, taker)
+        if redirect is not None:
+            slots.release()
+            return redirect, None
     return {"ok": True, "count": 1, "sizes": [len(data)]}, data
 
 
-def chunk_request(spec: ChunkSpec, index: int | None, wait_s: float) -> dict:
-    """The request for a payload's manifest (index None) or one of its chunks."""
+def chunk_request(spec: ChunkSpec, index: int | None, wait_s: float, *, force: bool = False,
+                  relays: bool = False) -> dict:
+    """The request for a payload's manifest (index None) or one of its chunks (`force`, `relays`:
+    parse_chunk_request)."""
     request = {"op": "manifest" if index is None else "chunk", "kind": spec.kind, "version": spec.version,
                "root": spec.root, "wait": float(wait_s)}
     if index is not None:
         request["index"] = index
+        if force:
+            request["force"] = True
+        if relays:
+            request["relays"] = True
     return request
 
 

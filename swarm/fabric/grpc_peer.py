@@ -103,7 +103,7 @@ class GrpcPeerServer:
         self.weight_send_s = WEIGHT_SEND_S  # longest a receiver may take to read one weight chunk
         self.authenticator = authenticator or Authenticator()
         self.rollout_handler = None  # fn(frames iterator, sender's name, context) -> acks iterator
-        self.weight_handler = None  # fn(request dict, caller's key id) -> messages iterator
+        self.weight_handler = None  # fn(request dict, caller's key id, its peer id) -> messages iterator
         self._names: OrderedDict[str, str] = OrderedDict()  # key id -> the name its calls go by here
         self._names_lock = threading.Lock()
         handlers = {
@@ -161,7 +161,7 @@ class GrpcPeerServer:
             if not isinstance(request, dict):
                 yield pack({"ok": False, "reason": "a weight request is a map {have, want}"})
                 return
-            for message in handler(request, caller.key):
+            for message in handler(request, caller.key, caller.peer):
                 watch.expect(self.weight_send_s)  # a receiver that stops reading is cut, and frees this thread
                 yield message
                 watch.hold()

@@ -34,9 +34,9 @@ class GrpcWeightServer:
         self.slots = UploadSlots(slots)
         server.weight_handler = self._handle
 
-    def _handle(self, request: dict, who: str = ""):
+    def _handle(self, request: dict, who: str = "", peer: str = ""):
         if "op" in request:  # a manifest or a chunk
-            yield from self._chunk(request, who)
+            yield from self._chunk(request, who, peer)
             return
         have, want = request.get("have"), request.get("want")
         if not _is_int(want):
@@ -58,8 +58,8 @@ class GrpcWeightServer:
         finally:
             self.slots.release()
 
-    def _chunk(self, request: dict, who: str):
-        header, data = chunk_answer(self.store.book, request, self.slots, who)
+    def _chunk(self, request: dict, who: str, peer: str):
+        header, data = chunk_answer(self.store.book, request, self.slots, who, peer)
         if data is None:
             yield pack(header)
             return

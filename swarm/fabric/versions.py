@@ -18,19 +18,23 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterable, Mapping, Sequence
 
 import msgpack
 import torch
 
 from swarm.fabric.chunks import (
+    MAX_PEER_ID_CHARS,
     MAX_WAITERS,
     SLOT_WAIT_S,
     ChunkBook,
     ChunkSpec,
+    Redirected,
     answer_limit,
     chunk_answer,
     chunk_request,
+    claim_chunk,
     takes_slot,
 )
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
@@ -337,10 +341,14 @@ class WeightServer:
 
         # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
         # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
-        header, data = await asyncio.get_running_loop().run_in_executor(self._waits, chunk_answer, self.store.book, request)
+        header, data = await asyncio.get_running_loop().run_in_executor(
+            self._waits, partial(chunk_answer, self.store.book, request, taker=peer))
         slot = data is not None and takes_slot(request)
         if slot and not await self.slots.take_async(SLOT_WAIT_S, peer):
             header, data, slot = self.slots.busy_reply(), None, False
+        if slot and (redirect := claim_chunk(self.store.book, request, peer)) is not None:
+            self.slots.release()
+            header, data, slot = redirect, None, False
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
             return
@@ -363,6 +371,9 @@ def refuse_unless_ok(header: dict, holder, want: int) -> None:
         return
     if header.get("busy"):
         raise HolderBusy(f"holder {holder} is busy: {str(header.get('reason'))[:200]}")
+    target = header.get("redirect")
+    if isinstance(target, str) and 0 < len(target) <= MAX_PEER_ID_CHARS:
+        raise Redirected(holder, target)
     raise KeyError(f"holder {holder} cannot serve version {want}: {str(header.get('reason'))[:200]}")
 
 
@@ -382,12 +393,16 @@ class RebuildingClient:
         """One answer of at most `size` bytes to `request` (a manifest or chunk request)."""
         raise NotImplementedError
 
-    def piece(self, holder, spec: ChunkSpec, index: int | None, wait_s: float = 0.0) -> bytes:
+    def piece(self, holder, spec: ChunkSpec, index: int | None, wait_s: float = 0.0, *, force: bool = False,
+              relays: bool = False) -> bytes:
         """The manifest (index None) or chunk `index` of `spec`'s payload from `holder`, of exactly
         the size it must have and not verified yet (the caller checks it against the spec).
-        KeyError: not held there; HolderBusy: no upload slot; CorruptVersion: a malformed answer."""
+        KeyError: not held there (Redirected: it sent the chunk to another peer, unless `force`);
+        HolderBusy: no upload slot; CorruptVersion: a malformed answer. `relays`: this peer serves
+        the chunk on, so the holder may send other requesters here."""
         size = answer_limit(spec, index)
-        data = self._single(holder, chunk_request(spec, index, wait_s), size, wait_s + send_deadline(size))
+        data = self._single(holder, chunk_request(spec, index, wait_s, force=force, relays=relays), size,
+                            wait_s + send_deadline(size))
         if len(data) != size:
             raise CorruptVersion(f"holder {holder} sent {len(data)} bytes where {size} were due")
         return data
