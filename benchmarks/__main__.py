@@ -22,14 +22,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("GEPO_BENCH_THREADS", min(2, os.cpu_count() or 1))))
-    from benchmarks.common import RESULTS
+    from benchmarks.common import WRITTEN
 
     for name in args.names or BENCHMARKS:
         started = time.time()
         print(f"[bench] {name} ...", flush=True)
+        before = len(WRITTEN)
         importlib.import_module(f"benchmarks.{name}").run()
-        print(f"[bench] {name} done in {time.time() - started:.0f}s -> {RESULTS / (name + '.md')}", flush=True)
-        sys.stdout.write((RESULTS / f"{name}.md").read_text().split("\n", 2)[-1] + "\n")
+        written = WRITTEN[before:]
+        print(f"[bench] {name} done in {time.time() - started:.0f}s -> "
+              f"{', '.join(map(str, written)) or 'nothing written'}", flush=True)
+        for path in written:
+            sys.stdout.write(path.read_text().split("\n", 2)[-1] + "\n")
     return 0
 
 

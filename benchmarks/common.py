@@ -25,11 +25,17 @@ def machine() -> dict:
     }
 
 
+# the markdown files write_result wrote, in order: the runner shows the ones a benchmark wrote
+# (a benchmark's variants write under other names, e.g. fanout_wan_grpc)
+WRITTEN: list[Path] = []
+
+
 def write_result(name: str, figures: dict, markdown: str, out: Path = RESULTS) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps({"benchmark": name, "machine": machine(), **figures}, indent=2))
     (out / f"{name}.md").write_text(markdown)
+    WRITTEN.append(out / f"{name}.md")
     return path
 
 
