@@ -317,6 +317,46 @@ def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_w
             server.close()
 
 
+@pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
+def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_holder_all_the_same(make_fabric):
+    """The learner sent every chunk to a relaying peer that has left since: a later fetch is
+    redirected to it for each chunk, finds it gone, and asks the learner again with `force`; the
+    version arrives whole, and the gone peer is asked once, not once per chunk."""
+    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
+
+    learner = make_fabric()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    v0, _ = versions()
+    store.add(0, v0)
+    spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+    server = learner.weight_server(store)
+    gone, late = make_fabric(), make_fabric()
+    servers = [gone.weight_server(VersionStore()), late.weight_server(VersionStore())]
+
+    def fetch(peer):
+        return ChunkedFetch(peer.weight_client(), VersionStore().book, spec, ChunkSources([learner.peer_id], [peer.peer_id]),
+                            peer.peer_id, unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
+
+    try:
+        first = fetch(gone)
+        assert first.run().payload() == store.payload("snapshot", 0) and first.redirected == 0
+        first.client.close()
+        servers[0].close()
+        gone.shutdown()
+        second = fetch(late)
+        assert second.run().payload() == store.payload("snapshot", 0)
+        assert spec.count <= second.redirected <= spec.count + 4  # every chunk's first request
+        # the gone peer is tried by the requests in flight when it is found gone (2 workers), then passed over
+        assert gone.peer_id in second._dead and 1 <= second._failures[gone.peer_id] <= 2
+        assert set(second.received) == {learner.peer_id}
+        assert 1.9 * spec.size < server.bytes_served < 2.1 * spec.size  # one copy each, nothing twice
+        second.client.close()
+    finally:
+        for s in [server, *servers]:
+            s.close()
+
+
 def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:
     beat = Heartbeat(role=role, holds=tuple(holds), relay=relay)
     return Member(record=beat.record(peer_id, 0.0), expires_at=1e12, owner=peer_id.encode())
