@@ -56,6 +56,11 @@ class OneSnapshot:
 def test_a_signed_version_with_non_finite_weights_is_never_taken():
     state = {"w": torch.tensor([1.0, float("nan")]), "b": torch.zeros(2)}
     assert non_finite_tensors(state) == ["w"]
+    # finite weights whose sum overflows are finite; an infinity of either sign, or both, is not
+    big = {"h": torch.full((8,), 60000.0, dtype=torch.float16), "f": torch.full((4,), 3e38),
+           "i": torch.tensor([1.0, float("-inf")], dtype=torch.bfloat16), "j": torch.tensor([float("inf"), float("-inf")]),
+           "k": torch.ones(3, dtype=torch.int64)}
+    assert non_finite_tensors(big) == ["i", "j"]
     store = VersionStore()
     with pytest.raises(CorruptVersion, match="non-finite weights"):
         OneSnapshot(encode_snapshot(state, 3)).fetch("holder", 3, state_hash(state), store)
