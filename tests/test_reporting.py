@@ -9,6 +9,7 @@ import json
 import logging
 import math
 import struct
+import time
 
 import pytest
 
@@ -94,9 +95,16 @@ def test_wandb_runs_offline_without_an_account_and_holds_the_values(tmp_path, mo
     for record in records:
         reporter.step(record)
     reporter.close()
-    runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    # wandb's service process writes the run file on its own time: under load (a CI lane) the rows
+    # may land a moment after finish() returns, so the file is read until both are there (30 s at most)
+    deadline, rows = time.monotonic() + 30, []
+    while True:
+        runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+        rows = _wandb_history(runs[0]) if len(runs) == 1 else []
+        if len(rows) >= len(records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert len(runs) == 1
-    rows = _wandb_history(runs[0])
     assert [(r["_step"], r["loss"], r["reward_mean"], r["dropped/stale"]) for r in rows] == [(1, 0.5, 0.25, 2), (2, 0.125, 0.75, 3)]
     assert all("time" not in r for r in rows)
 
