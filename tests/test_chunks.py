@@ -267,30 +267,40 @@ def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeyp
     assert header["ok"] is False and header.get("busy") and sent is None
 
 
+def learner_with_a_snapshot(make_fabric):
+    """A learner holding version 0 in CHUNK-sized chunks: (its fabric, its store, the snapshot's spec)."""
+    learner = make_fabric()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    v0, _ = versions()
+    store.add(0, v0)
+    return learner, store, next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+
+
+def fetch_by(peer, book, spec, whole, sharers):
+    """A chunked fetch of `spec` by `peer` (a fabric) into `book`."""
+    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
+
+    return ChunkedFetch(peer.weight_client(), book, spec, ChunkSources(whole, sharers), peer.peer_id,
+                        unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
+
+
 @pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
 def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_waiting(make_fabric, monkeypatch):
     """Records seen a heartbeat apart can give two peers mirrored stripe plans: each waits for the
     other to have its odd chunks. A peer asked for a chunk it is not fetching fetches it next
     (`_adopt`), so neither waits out OWNER_WAIT_S (made a minute here: the test would time out)."""
     import swarm.fabric.chunked_fetch as chunked_fetch
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
 
     monkeypatch.setattr(chunked_fetch, "OWNER_WAIT_S", 60.0)
-    learner = make_fabric()
-    store = VersionStore()
-    store.book.chunk_bytes = CHUNK
-    v0, _ = versions()
-    store.add(0, v0)
-    spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
     servers = [learner.weight_server(store)]
     peers = [make_fabric(), make_fabric()]
     stores = [VersionStore() for _ in peers]
     servers += [peer.weight_server(s) for peer, s in zip(peers, stores)]
     a, b = (peer.peer_id for peer in peers)
     plans = {a: [a, b], b: [b, a]}  # chunk 1, 3, ...: a thinks b owns it, b thinks a does
-    fetches = [ChunkedFetch(peer.weight_client(), s.book, spec, ChunkSources([learner.peer_id], plans[peer.peer_id]),
-                            peer.peer_id, unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
-               for peer, s in zip(peers, stores)]
+    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], plans[peer.peer_id]) for peer, s in zip(peers, stores)]
     done = []
     threads = [threading.Thread(target=lambda f=f: done.append((f.run().payload(), time.monotonic()))) for f in fetches]
     started = time.monotonic()
@@ -322,21 +332,13 @@ def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_hold
     """The learner sent every chunk to a relaying peer that has left since: a later fetch is
     redirected to it for each chunk, finds it gone, and asks the learner again with `force`; the
     version arrives whole, and the gone peer is asked once, not once per chunk."""
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
-
-    learner = make_fabric()
-    store = VersionStore()
-    store.book.chunk_bytes = CHUNK
-    v0, _ = versions()
-    store.add(0, v0)
-    spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
     server = learner.weight_server(store)
     gone, late = make_fabric(), make_fabric()
     servers = [gone.weight_server(VersionStore()), late.weight_server(VersionStore())]
 
     def fetch(peer):
-        return ChunkedFetch(peer.weight_client(), VersionStore().book, spec, ChunkSources([learner.peer_id], [peer.peer_id]),
-                            peer.peer_id, unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
+        return fetch_by(peer, VersionStore().book, spec, [learner.peer_id], [peer.peer_id])
 
     try:
         first = fetch(gone)

@@ -189,21 +189,10 @@ class Takers:
         self._lock = threading.Lock()
         self.redirected = 0  # requests sent to an earlier taker
 
-    def target(self, key: tuple[str, int, str], index: int, taker: str, *, force: bool) -> str | None:
-        """The peer to send `taker` to for chunk `index` of payload `key` (kind, version, root), or
-        None: send it here."""
-        if force:
-            return None
-        with self._lock:
-            found = self._taken.get(key, {}).get(index)
-            if found is None or found[0] == taker or time.monotonic() - found[1] > REDIRECT_S:
-                return None
-            self.redirected += 1
-            return found[0]
-
     def claim(self, key: tuple[str, int, str], index: int, taker: str, *, relays: bool, force: bool) -> str | None:
-        """As `target`, and when it is None `taker` (if it relays) becomes the chunk's taker, in one
-        step: two requests for the same chunk never both pass."""
+        """The peer to send `taker` to for chunk `index` of payload `key` (kind, version, root), or
+        None: send it here, and `taker` (if it relays) becomes the chunk's taker, in the same step:
+        two requests for the same chunk never both pass."""
         with self._lock:
             found = self._taken.get(key, {}).get(index)
             now = time.monotonic()
@@ -369,14 +358,15 @@ def redirect_reply(target: str) -> dict:
     return {"ok": False, "redirect": target, "reason": f"sent to {target} already: ask it", "count": 0}
 
 
-def claim_chunk(book: ChunkBook, request: dict, taker: str) -> dict | None:
+def claim_chunk(book: ChunkBook, request: dict, taker: str, *, take: bool = True) -> dict | None:
     """Once an upload slot is taken for a valid chunk request: None to send the chunk (`taker`, the
     requester's peer id, is then its taker when it relays), or the redirect reply to send instead
-    (the caller frees the slot). Only a complete payload's chunks are redirected."""
+    (the caller frees the slot). Only a complete payload's chunks are redirected. `take=False`
+    only looks (before queueing for a slot): nothing is recorded."""
     kind, version, root, index = request["kind"], request["version"], request["root"], request["index"]
     if not book.holds_whole(kind, version, root):
         return None
-    target = book.takers.claim((kind, version, root), index, taker, relays=request.get("relays", False),
+    target = book.takers.claim((kind, version, root), index, taker, relays=take and request.get("relays", False),
                                force=request.get("force", False))
     return None if target is None else redirect_reply(target)
 
@@ -392,10 +382,8 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", take
         kind, version, root, index, wait = parse_chunk_request(request)
     except ValueError as exc:
         return {"ok": False, "reason": str(exc)[:200], "count": 0}, None
-    if index is not None and book.holds_whole(kind, version, root):  # before queueing for a slot
-        target = book.takers.target((kind, version, root), index, taker, force=request.get("force", False))
-        if target is not None:
-            return redirect_reply(target), None
+    if index is not None and (redirect := claim_chunk(book, request, taker, take=False)) is not None:
+        return redirect, None  # before queueing for a slot
     try:
         data = book.lookup(kind, version, root, index, wait)
     except NotYetHere as exc:
