@@ -98,7 +98,8 @@ def encode_index_order(base: dict, new: dict) -> bytes:
 def entropy_bounds(base: dict, new: dict) -> dict:
     """Bits per changed element: positions without context (log2 C(n, k) per tensor) and given the
     base's exponent class (per tensor and class), steps pooled and per class."""
-    from swarm.fabric.weight_delta import FLOATS, _bits, entropy_bits, local_classes, log2_binomial, ordered
+    from swarm.fabric.value_classes import local_classes, ordered
+    from swarm.fabric.weight_delta import FLOATS, _bits, entropy_bits, log2_binomial
 
     changed_total = 0
     positions_iid = positions_class = 0.0

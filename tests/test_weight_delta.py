@@ -93,7 +93,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.fabric import varints
+from swarm.fabric import value_classes, varints
 from swarm.fabric import weight_delta as wd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
@@ -432,7 +432,7 @@ def reference_delta(base: dict, new: dict, *, base_version: int, version: int) -
         if np.array_equal(old_bits, new_bits):
             entry["k"] = "same"
             continue
-        first, count, shift, mask = wd._CLASSES[dtype]
+        first, count, shift, mask = wd.CLASSES[dtype]
         mine, size = [], 0
         for start, end in wd._pieces(old_bits.size):
             old, fresh = old_bits[start:end], new_bits[start:end]
@@ -500,8 +500,8 @@ def _random_states(rng: random.Random, seed: int) -> tuple[dict, dict]:
 def test_payloads_are_the_reference_encoders_bytes_whatever_the_pieces_blocks_and_threads(seed, monkeypatch):
     rng = random.Random(seed)
     monkeypatch.setattr(wd, "CHUNK", rng.choice([37, 1000, 1 << 22]))
-    monkeypatch.setattr(wd, "BLOCK", rng.choice([1, 3, 64, 1 << 16]))
-    monkeypatch.setattr(wd, "GROUP", rng.choice([1, 100, 1 << 18]))
+    monkeypatch.setattr(value_classes, "BLOCK", rng.choice([1, 3, 64, 1 << 16]))
+    monkeypatch.setattr(value_classes, "GROUP", rng.choice([1, 100, 1 << 18]))
     monkeypatch.setattr(wd, "THREADS", rng.choice([1, 2, 3]))
     base, new = _random_states(rng, seed)
     payload = encode_delta(base, new, base_version=3, version=4)
@@ -513,8 +513,8 @@ def test_payloads_are_the_reference_encoders_bytes_whatever_the_pieces_blocks_an
 def test_a_bf16_step_over_many_blocks_is_the_reference_encoders_bytes(monkeypatch):
     """A one-ulp RL step on 300K bf16 weights, cut into several pieces, blocks and runs of blocks."""
     monkeypatch.setattr(wd, "CHUNK", 100_000)
-    monkeypatch.setattr(wd, "BLOCK", 4096)
-    monkeypatch.setattr(wd, "GROUP", 3 * 4096)
+    monkeypatch.setattr(value_classes, "BLOCK", 4096)
+    monkeypatch.setattr(value_classes, "GROUP", 3 * 4096)
     gen = torch.Generator().manual_seed(3)
     master = {"w": torch.randn(300_000, generator=gen) * 0.02, "n": torch.ones(999) + torch.randn(999, generator=gen) * 1e-3}
     base = {k: v.to(torch.bfloat16) for k, v in master.items()}

@@ -12,7 +12,9 @@ move between them. One written interface, two transports.
 - rollout_exchange.py   - a learner's inbox (validation, at-most-once delivery, backpressure,
                           bans) and the sender, over hivemind p2p streams.
 - weight_delta.py       - policy versions as bit-exact deltas against the previous version;
-                          varints.py, the varint and zigzag coding its streams use.
+                          varints.py, the varint and zigzag coding its streams use;
+                          value_classes.py, the classes its changes are counted in;
+                          packed_stream.py, its msgpack body streamed through zlib.
 - versions.py           - signed version announcements (learner keys only), the store of the
                           versions a peer holds, serving them and rebuilding fetched ones.
 - chunks.py, chunked_fetch.py - a version's payload in verifiable chunks, served while it

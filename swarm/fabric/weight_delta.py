@@ -42,7 +42,7 @@ elements at a time (a stable sort of 64K one-byte keys runs in cache, two to thr
 element than one of a whole piece) and GROUP elements at a time (bounding each thread's working
 memory), spread the pieces over THREADS threads (numpy's sorts, gathers and comparisons, hashlib and
 zlib release the GIL), keep the streams as varint bytes rather than as 8-byte integers, and stream
-the msgpack body through zlib instead of building it whole.
+the msgpack body through zlib (packed_stream.py) instead of building it whole.
 """
 
 from __future__ import annotations
@@ -53,12 +53,25 @@ import os
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
 import msgpack
 import numpy as np
 import torch
 
+from swarm.fabric.packed_stream import Bin, deflated, packed
+from swarm.fabric.value_classes import (
+    CLASS_BITS,
+    CLASSES,
+    NUM_CLASSES,
+    block_classes,
+    block_members,
+    block_size,
+    block_starts,
+    groups,
+    ordered,
+    target_index,
+)
 # varint_encode and varint_decode are part of this module's interface too (the tests and benchmarks use them)
 from swarm.fabric.varints import (  # noqa: F401
     Inline,
@@ -81,14 +94,6 @@ DTYPES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "tor
 FLOATS = {torch.float32, torch.bfloat16, torch.float16}
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
-# position classes: (first class id, number of classes, shift of the exponent field, its mask) per dtype
-_CLASSES = {torch.bfloat16: (0, 256, 7, 0xFF), torch.float32: (256, 256, 23, 0xFF), torch.float16: (512, 32, 10, 0x1F),
-            torch.int64: (544, 1, 0, 0), torch.int32: (545, 1, 0, 0), torch.uint8: (546, 1, 0, 0), torch.bool: (547, 1, 0, 0)}
-NUM_CLASSES = 548
-# element width in bits of each class's dtype (a step must fit in it)
-_CLASS_BITS = np.zeros(NUM_CLASSES, np.int64)
-for _dtype, (_first, _count, _, _) in _CLASSES.items():
-    _CLASS_BITS[_first:_first + _count] = torch.empty(0, dtype=_dtype).element_size() * 8
 # sparse tensors are listed in pieces of at most this many elements (part of the format: a class's
 # members are counted piece by piece)
 CHUNK = 1 << 22
@@ -97,16 +102,10 @@ CHUNK = 1 << 22
 # zlib's strategies, and at level 4 within 2% of level 6 in a third of the time.
 ZLIB_STRATEGY = zlib.Z_FILTERED
 ZLIB_LEVEL = 4
-# Speed only (no payload depends on these). Threads that work on pieces and hashes: numpy's sorts,
-# gathers and comparisons, hashlib and zlib run without the GIL.
+# Speed only (no payload depends on it, nor on value_classes.BLOCK, GROUP). Threads that work on
+# pieces and hashes: numpy's sorts, gathers and comparisons, hashlib and zlib run without the GIL.
 THREADS = min(4, os.cpu_count() or 1)
-# classes are sorted this many elements at a time: a stable argsort of 64K one-byte keys (a radix
-# sort) stays in cache, and runs two to three times faster per element than one of a whole piece
-BLOCK = 1 << 16
-# a thread sorts this many elements at once (its working memory: about 16 bytes an element of it)
-GROUP = 1 << 18
-# bytes handed to zlib per call
-_FEED = 1 << 20
+
 
 
 class CorruptVersion(ValueError):
@@ -141,26 +140,6 @@ def _workers():
 # ---------------------------------------------------------------------------------------------
 # the sparse coding's pieces, vectorised (no Python loop over elements)
 
-def ordered(bits: np.ndarray, is_float: bool) -> np.ndarray:
-    """Float bits -> unsigned integers whose two's-complement reading orders like the floats
-    (non-negative: unchanged; negative: the magnitude bits inverted). An involution: applying it
-    again gives the bits back. Other dtypes: the bits themselves."""
-    if not is_float:
-        return bits
-    width = bits.dtype.itemsize * 8
-    low = bits.dtype.type((1 << (width - 1)) - 1)
-    return bits ^ ((bits >> bits.dtype.type(width - 1)) * low)
-
-
-def local_classes(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray | None:
-    """Each element's class within its dtype (the exponent field, uint8), or None for dtypes with
-    one class."""
-    _, count, shift, mask = _CLASSES[dtype]
-    if count == 1:
-        return None
-    return ((bits >> bits.dtype.type(shift)) & bits.dtype.type(mask)).astype(np.uint8)
-
-
 def _pieces(n: int):
     return [(start, min(start + CHUNK, n)) for start in range(0, n, CHUNK)] or [(0, 0)]
 
@@ -179,72 +158,20 @@ def log2_binomial(n: int, k: int) -> float:
     return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
 
 
-# ---------------------------------------------------------------------------------------------
-# a piece's classes, block by block: an element's rank in its class (the class's members before it
-# in the piece) is the class's members in earlier blocks plus its place among its block's
-
-def _block_size(n: int) -> int:
-    return max(1, min(BLOCK, n))
-
-
-def _groups(n: int, block: int) -> list[tuple[int, int]]:
-    """The runs of whole blocks (GROUP elements or so) a piece of n elements is worked on in."""
-    step = block * max(1, GROUP // block)
-    return [(start, min(start + step, n)) for start in range(0, n, step)]
-
-
-def _block_classes(bits: np.ndarray, dtype: torch.dtype, block: int) -> np.ndarray:
-    """The elements' classes (uint8), padded to whole blocks with the dtype's last class: padding
-    sorts after every element of its block, so it moves none of them."""
-    _, count, shift, mask = _CLASSES[dtype]
-    classes = np.empty(-(-bits.size // block) * block, np.uint8)
-    classes[bits.size:] = count - 1
-    np.bitwise_and(bits >> bits.dtype.type(shift), bits.dtype.type(mask), out=classes[:bits.size], casting="unsafe")
-    return classes
-
-
-def _block_starts(sorted_classes: np.ndarray, count: int, block: int) -> np.ndarray:
-    """Where each class starts in each of a run's blocks, whose classes are sorted (flat positions,
-    block by block and class by class, then the run's end)."""
-    rows = sorted_classes.size // block
-    keys = np.arange(count, dtype=np.uint8)
-    starts = np.empty(rows * count + 1, np.int64)
-    for r in range(rows):
-        starts[r * count:(r + 1) * count] = r * block + np.searchsorted(sorted_classes[r * block:(r + 1) * block], keys)
-    starts[-1] = rows * block
-    return starts
-
-
-def _block_members(bits: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """Members of each class in each block of a piece (blocks x classes, int64)."""
-    _, count, _, _ = _CLASSES[dtype]
-    if count == 1:
-        return np.array([[bits.size]], np.int64)
-    block = _block_size(bits.size)
-    members = np.zeros((-(-bits.size // block), count), np.int64)
-    for start, end in _groups(bits.size, block):
-        classes = np.sort(_block_classes(bits[start:end], dtype, block).reshape(-1, block), axis=1, kind="stable")
-        rows = np.diff(_block_starts(classes.ravel(), count, block)).reshape(-1, count)
-        members[start // block:start // block + rows.shape[0]] = rows
-    if bits.size:
-        members[-1, -1] -= members.size // count * block - bits.size  # the padding
-    return members
-
-
 def _ranked_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype):
     """(class, rank, index) of each element of a piece whose bits changed, class by class and rank
     ascending, and the members of each class in the piece."""
-    _, count, _, _ = _CLASSES[dtype]
+    _, count, _, _ = CLASSES[dtype]
     n = old.size
-    block = _block_size(n)
+    block = block_size(n)
     members = np.empty((-(-n // block), count), np.int64)
     parts = []
-    for start, end in _groups(n, block):
-        classes = _block_classes(old[start:end], dtype, block)
+    for start, end in groups(n, block):
+        classes = block_classes(old[start:end], dtype, block)
         order = np.argsort(classes.reshape(-1, block), axis=1, kind="stable")
         order += np.arange(0, classes.size, block)[:, None]
         order = order.ravel()  # the run's elements, block by block, class by class, in index order
-        starts = _block_starts(classes[order], count, block)
+        starts = block_starts(classes[order], count, block)
         first_row = start // block
         members[first_row:first_row + classes.size // block] = np.diff(starts).reshape(-1, count)
         changed = np.zeros(classes.size, bool)
@@ -285,7 +212,7 @@ def _segment_ends(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype) -> _Changes:
     """The changes of one piece of a tensor (its bits before and after)."""
-    _, count, _, _ = _CLASSES[dtype]
+    _, count, _, _ = CLASSES[dtype]
     if count == 1:
         index = np.flatnonzero(old != new)
         cls, rank, members = np.zeros(index.size, np.uint8), index, np.array([old.size], np.int64)
@@ -315,14 +242,6 @@ def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype) -> _Cha
                     step_bytes, _segment_ends(step_lengths, starts), size)
 
 
-class _Bin:
-    """A msgpack bin given as pieces (bytes-like), packed without being joined."""
-
-    def __init__(self, chunks) -> None:
-        self.chunks = chunks  # bytes or 1-d uint8 arrays
-        self.size = sum(len(c) for c in chunks)
-
-
 class _SparseEncoder:
     """The class-by-class streams of a delta, built from its sparse tensors' pieces in wire order."""
 
@@ -334,7 +253,7 @@ class _SparseEncoder:
         self.steps: dict[int, list] = {}
 
     def add(self, piece: _Changes, dtype: torch.dtype) -> None:
-        first = _CLASSES[dtype][0]
+        first = CLASSES[dtype][0]
         ids = piece.classes + first
         before = self.members[ids]
         heads = (before + piece.firsts - self.last[ids] - 1).tolist()  # each class's first gap in this piece
@@ -353,52 +272,8 @@ class _SparseEncoder:
             return {}
         ids = sorted(self.gaps)
         return {"classes": [[c, int(self.changed[c])] for c in ids],
-                "gaps": _Bin([chunk for c in ids for chunk in self.gaps[c]]),
-                "steps": _Bin([chunk for c in ids for chunk in self.steps[c]])}
-
-
-def _bin_header(size: int) -> bytes:
-    for code, width in ((b"\xc4", 1), (b"\xc5", 2), (b"\xc6", 4)):
-        if size < 1 << (8 * width):
-            return code + size.to_bytes(width, "big")
-    raise ValueError("bytes object is too large")  # as msgpack says
-
-
-def _packed(obj, packer: msgpack.Packer) -> Iterator:
-    """msgpack.packb(obj, use_bin_type=True), in pieces: maps and lists are opened here, so that
-    a _Bin's pieces are passed on without being copied."""
-    if isinstance(obj, dict):
-        yield packer.pack_map_header(len(obj))
-        for key, value in obj.items():
-            yield from _packed(key, packer)
-            yield from _packed(value, packer)
-    elif isinstance(obj, list):
-        yield packer.pack_array_header(len(obj))
-        for item in obj:
-            yield from _packed(item, packer)
-    elif isinstance(obj, _Bin):
-        yield _bin_header(obj.size)
-        yield from obj.chunks
-    else:
-        yield packer.pack(obj)
-
-
-def _deflated(head: bytes, chunks: Iterator, level: int) -> bytes:
-    """head + zlib of the chunks joined, fed a megabyte or so at a time (deflate's output does not
-    depend on how its input is cut)."""
-    deflater = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS, 9, ZLIB_STRATEGY)
-    out, pending = [head], bytearray()
-    for chunk in chunks:
-        if len(chunk) >= _FEED:
-            out += [deflater.compress(pending), deflater.compress(chunk)]
-            pending.clear()
-            continue
-        pending.extend(chunk)  # (+= would let numpy add an array to it)
-        if len(pending) >= _FEED:
-            out.append(deflater.compress(pending))
-            pending.clear()
-    out += [deflater.compress(pending), deflater.flush()]
-    return b"".join(out)
+                "gaps": Bin([chunk for c in ids for chunk in self.gaps[c]]),
+                "steps": Bin([chunk for c in ids for chunk in self.steps[c]])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +312,7 @@ def _positions(gaps: np.ndarray, ids: np.ndarray, counts: np.ndarray, members: n
 
 def _check_step_widths(steps: np.ndarray, ids: np.ndarray, counts: np.ndarray) -> None:
     """Each change's step must fit in its tensor's element width."""
-    widths = _CLASS_BITS[ids]
+    widths = CLASS_BITS[ids]
     ends = np.cumsum(counts)
     for width in np.unique(widths).tolist():
         if width >= steps.dtype.itemsize * 8:
@@ -445,42 +320,6 @@ def _check_step_widths(steps: np.ndarray, ids: np.ndarray, counts: np.ndarray) -
         for j in np.flatnonzero(widths == width).tolist():
             if (steps[ends[j] - counts[j]:ends[j]] >> steps.dtype.type(width)).any():
                 raise ValueError(f"a step wider than {width} bits")
-
-
-def _target_index(base: np.ndarray, dtype: torch.dtype, members: np.ndarray, cls: np.ndarray, rank: np.ndarray) -> np.ndarray:
-    """The index in a piece of each (class, rank) target, targets class by class and rank ascending,
-    given the members of each class in each of the piece's blocks."""
-    _, count, _, _ = _CLASSES[dtype]
-    if count == 1:
-        return rank
-    n = base.size
-    block = _block_size(n)
-    rows = members.shape[0]
-    before = np.cumsum(members, axis=0) - members  # of each class in earlier blocks
-    # A target's block is the last whose earlier members of its class are at most its rank. Laid out
-    # class by class (each class offset past the previous one's ranks), the targets and the blocks'
-    # starts are both ascending: counting the targets below each start places them all, in O(targets).
-    starts = (before.T + np.arange(count)[:, None] * (n + 1)).ravel()
-    targets = cls.astype(np.int64) * (n + 1) + rank
-    per_block = np.diff(np.searchsorted(targets, starts), append=targets.size)  # (class, block), class by class
-    del targets
-    # each target's place in the piece sorted block by block, then class by class within a block
-    first_place = (np.cumsum(members, axis=1) - members - before + np.arange(rows)[:, None] * block).T.ravel()
-    place = np.repeat(first_place, per_block) + rank
-    row = place // block
-    if rows * block <= GROUP:  # one run of blocks
-        order = np.argsort(_block_classes(base, dtype, block).reshape(-1, block), axis=1, kind="stable")
-        return row * block + order.ravel()[place]
-    by_row = np.argsort(row.astype(np.uint16) if rows <= 1 << 16 else row, kind="stable")
-    sorted_rows = row[by_row]
-    index = np.empty(rank.size, np.int64)
-    for start, end in _groups(n, block):  # sort the blocks a run at a time, as the encoder did
-        lo, hi = np.searchsorted(sorted_rows, [start // block, -(-end // block)])
-        if lo < hi:
-            mine = by_row[lo:hi]
-            order = np.argsort(_block_classes(base[start:end], dtype, block).reshape(-1, block), axis=1, kind="stable")
-            index[mine] = row[mine] * block + order.ravel()[place[mine] - start]
-    return index
 
 
 def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, members: np.ndarray, lo: np.ndarray,
@@ -496,7 +335,7 @@ def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, members:
     rank = positions[at].astype(np.int64) - np.repeat(before, lengths)
     step = unzigzag(steps[at].astype(out.dtype))
     del at
-    index = _target_index(base, dtype, members, np.repeat(cls, lengths), rank)
+    index = target_index(base, dtype, members, np.repeat(cls, lengths), rank)
     is_float = dtype in FLOATS
     out[index] = ordered(ordered(out[index], is_float) + step, is_float)
 
@@ -506,17 +345,17 @@ def _sparse_jobs(body: dict, targets: list[tuple[np.ndarray, np.ndarray, torch.d
     given each one's (bits to write, base bits, dtype): checks the streams against the base's
     classes, then returns, per piece, (its tensor's place in `targets`, _apply_piece's arguments)."""
     pieces = [(i, start, end) for i, (_, base, _) in enumerate(targets) for start, end in _pieces(base.size)]
-    blocks = [pool.submit(_block_members, targets[i][1][start:end], targets[i][2]) for i, start, end in pieces]
+    blocks = [pool.submit(block_members, targets[i][1][start:end], targets[i][2]) for i, start, end in pieces]
     table = np.zeros((len(pieces) + 1, NUM_CLASSES), np.int64)  # members of each class before each piece
     for p, ((i, _, _), future) in enumerate(zip(pieces, blocks)):
-        first = _CLASSES[targets[i][2]][0]
+        first = CLASSES[targets[i][2]][0]
         counts = future.result().sum(axis=0)
         table[p + 1, first:first + counts.size] = counts
     np.cumsum(table, axis=0, out=table)
     members = table[-1]
     ids, counts = _listing(body, members)
     total = int(counts.sum())
-    widest = int(_CLASS_BITS[ids].max()) if ids.size else 64
+    widest = int(CLASS_BITS[ids].max()) if ids.size else 64
     gaps = varint_decode(body.get("gaps", b""), max_count=total, pool=pool)
     steps = varint_decode(body.get("steps", b""), max_count=total, dtype=_UINT[widest // 8], pool=pool)  # wider: refused
     body.pop("gaps", None), body.pop("steps", None)  # decoded: their bytes are no longer needed
@@ -531,7 +370,7 @@ def _sparse_jobs(body: dict, targets: list[tuple[np.ndarray, np.ndarray, torch.d
     jobs = []
     for p, (i, start, end) in enumerate(pieces):
         out, base, dtype = targets[i]
-        first, count, _, _ = _CLASSES[dtype]
+        first, count, _, _ = CLASSES[dtype]
         j0, j1 = np.searchsorted(ids, [first, first + count])
         jobs.append((i, (out[start:end], base[start:end], dtype, blocks[p].result(), bounds[j0:j1, p], bounds[j0:j1, p + 1],
                          (ids[j0:j1] - first).astype(np.uint8), table[p, ids[j0:j1]], gaps, steps)))
@@ -601,7 +440,7 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
                 continue
             dtype = new[name].dtype
             pieces = [pool.submit(_piece_changes, old_bits[s:e], new_bits[s:e], dtype) for s, e in _pieces(new_bits.size)] \
-                if dtype in _CLASSES else []
+                if dtype in CLASSES else []
             work.append((entry, new_bits, dtype, pieces))
         sparse = _SparseEncoder()
         for entry, new_bits, dtype, pieces in work:  # in name order: a class's positions count across tensors
@@ -611,10 +450,10 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
                 for piece in changes:
                     sparse.add(piece, dtype)
             else:
-                entry.update(k="dense", b=_Bin([new_bits.view(np.uint8)]))
+                entry.update(k="dense", b=Bin([new_bits.view(np.uint8)]))
         body = {"v": FORMAT, "kind": "delta", "version": version, "base": base_version, "base_hash": hashes[0].result(),
                 "hash": hashes[1].result(), "tensors": tensors, **sparse.streams()}
-    return _deflated(b"Z", _packed(body, msgpack.Packer(use_bin_type=True)), level)
+    return deflated(b"Z", packed(body, msgpack.Packer(use_bin_type=True)), level, ZLIB_STRATEGY)
 
 
 def payload_header(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
