@@ -12,15 +12,20 @@ import pytest
 import torch
 
 from swarm.fabric.chunks import (
+    DEFAULT_CHUNK_BYTES,
     DIGEST_BYTES,
     MAX_WAIT_S,
+    MIN_AUTO_CHUNK_BYTES,
     MIN_CHUNK_BYTES,
+    TARGET_CHUNKS,
     ChunkBook,
     ChunkSpec,
     Partial,
     chunk_answer,
+    chunk_bytes_for,
     chunk_request,
     parse_chunk_request,
+    slot_share,
     spec_of,
 )
 from swarm.fabric.chunked_fetch import sharers_for
@@ -123,11 +128,50 @@ def test_a_holder_answers_bad_requests_and_busy_slots_without_sending_anything()
         assert header["ok"] is False and sent is None
     slots = UploadSlots(1)
     header, sent = chunk_answer(book, chunk_request(spec, 0, 0), slots)
-    assert header == {"ok": True, "count": 1, "sizes": [CHUNK]} and sent == data and slots.active == 1
+    # a chunk holds its share of a slot, by its bytes: 4 KiB of a 1 MiB slot
+    assert header == {"ok": True, "count": 1, "sizes": [CHUNK]} and sent == data
+    assert slots.active == slot_share(CHUNK) == CHUNK / DEFAULT_CHUNK_BYTES
+    assert not slots.take()  # a whole transfer does not fit beside it
+    slots.release(slot_share(CHUNK))
+    assert slots.take() and slots.active == 1
     started = time.monotonic()
     header, sent = chunk_answer(book, chunk_request(spec, 0, 0), slots)  # queues for the slot, then gives up
     assert header.get("busy") and sent is None and time.monotonic() - started >= 1.5
     slots.release()
+    assert slots.active == 0
+
+
+def test_upload_slots_count_shares_of_a_slot_exactly():
+    slots = UploadSlots(2)
+    assert all(slots.take(0.0, "a", 0.25) for _ in range(8))  # 8 quarter-slot chunks in flight
+    assert not slots.take(0.0, "b", 0.25) and slots.refused == 1
+    slots.release(0.25)
+    assert slots.take(0.0, "b", 0.25)
+    odd = [slot_share(n) for n in (1, 4097, 300_001, 1 << 20, 5 << 20)]  # a last chunk has any size
+    assert odd[-2:] == [1.0, 1.0]  # a chunk larger than DEFAULT_CHUNK_BYTES holds one whole slot
+    for _ in range(8):
+        slots.release(0.25)
+    for share in odd:
+        assert slots.take(0.0, "c", share)
+        slots.release(share)
+    assert slots.active == 0 and not slots._given
+    for bad in (0.0, -1.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            slots.take(0.0, "d", bad)
+
+
+def test_chunk_sizes_follow_the_payload_so_a_small_one_is_cut_in_many_chunks():
+    assert chunk_bytes_for(98_600_000) == DEFAULT_CHUNK_BYTES  # a 100 MB snapshot: 1 MiB chunks
+    for size in (9_700_000, 3_000_000, 33_000_000, 2_000_000_000):
+        chunk = chunk_bytes_for(size)
+        assert chunk & (chunk - 1) == 0 and MIN_AUTO_CHUNK_BYTES <= chunk <= DEFAULT_CHUNK_BYTES
+        count = -(-size // chunk)
+        assert count >= TARGET_CHUNKS and (count < 2 * TARGET_CHUNKS + 1 or chunk == DEFAULT_CHUNK_BYTES)
+    assert chunk_bytes_for(1000) == MIN_AUTO_CHUNK_BYTES and chunk_bytes_for(10**7, CHUNK) == CHUNK
+    data = payload(300_000)
+    book = ChunkBook(lambda kind, version: data)  # what a learner announces, what a relay computes alike
+    assert book.spec("delta", 3) == spec_of("delta", 3, data, chunk_bytes_for(len(data)))[0]
+    assert book.spec("delta", 3).chunk_bytes == MIN_AUTO_CHUNK_BYTES
 
 
 def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_to(monkeypatch):
@@ -145,7 +189,7 @@ def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_
     def ask(index, taker, **flags):
         header, sent = chunk_answer(book, chunk_request(spec, index, 0, **flags), slots, taker, taker)
         if sent is not None:
-            slots.release()
+            slots.release(slot_share(len(sent)))
         return header, sent
 
     header, sent = ask(0, "quiet")  # does not relay: sent, and not remembered
@@ -359,6 +403,62 @@ def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_hold
             s.close()
 
 
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_a_sharer_this_peer_avoids_keeps_its_stripe_and_is_never_asked(make_fabric):
+    """A peer shuns a sharer that sent it corrupt data, yet deals the stripes out among all the
+    sharers as the others do (dropping it would move nearly every chunk to another owner in this
+    plan alone): the avoided sharer's chunks come from whole holders, and it is not asked."""
+    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
+
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
+    server = learner.weight_server(store)
+    me, avoided = make_fabric(), make_fabric()
+    servers = [me.weight_server(VersionStore()), avoided.weight_server(VersionStore())]  # it would hold a request ~8 s
+    sharers = sorted([me.peer_id, avoided.peer_id])
+    fetch = ChunkedFetch(me.weight_client(), VersionStore().book, spec,
+                         ChunkSources([learner.peer_id], sharers, frozenset({avoided.peer_id})), me.peer_id,
+                         unreachable=me.unreachable_errors(), on_corrupt=lambda p, e: None)
+    try:
+        assert {fetch.owner(i) for i in range(spec.count)} == set(sharers)  # the plan every sharer makes
+        assert fetch.run().payload() == store.payload("snapshot", 0)
+        assert set(fetch.received) == {learner.peer_id}
+        assert fetch._misses[avoided.peer_id] == fetch._busy_answers[avoided.peer_id] == 0  # never asked
+        assert fetch._failures[avoided.peer_id] == 0
+        fetch.client.close()
+    finally:
+        for s in [server, *servers]:
+            s.close()
+
+
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_a_chunk_asked_for_the_moment_a_fetch_starts_serving_is_fetched_once(make_fabric, monkeypatch):
+    """A peer may ask for a chunk as soon as this one serves its partial payload (`begin`), before
+    its workers start. Adopting that chunk must not queue it twice: two workers would fetch it at
+    once, and the learner would send it twice."""
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
+    server = learner.weight_server(store)
+    peer = make_fabric()
+    book = VersionStore().book
+    begin = book.begin
+
+    def begin_and_get_asked(*args, **kwargs):
+        partial = begin(*args, **kwargs)
+        for index in (0, spec.count - 1):  # as the weight server does for a request for a missing chunk
+            partial.wanted(index)
+        return partial
+
+    monkeypatch.setattr(book, "begin", begin_and_get_asked)
+    fetch = fetch_by(peer, book, spec, [learner.peer_id], [peer.peer_id])
+    try:
+        assert fetch.run().payload() == store.payload("snapshot", 0)
+        assert fetch.adopted == 0  # its own stripe: queued already
+        time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
+        assert server.bytes_served == spec.size + spec.count * DIGEST_BYTES  # every chunk once, and the manifest
+        fetch.client.close()
+    finally:
+        server.close()
+
+
 def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:
     beat = Heartbeat(role=role, holds=tuple(holds), relay=relay)
     return Member(record=beat.record(peer_id, 0.0), expires_at=1e12, owner=peer_id.encode())
@@ -474,7 +574,7 @@ def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_str
         bad = samplers[0].fabric.peer_id
         for sampler in samplers[1:]:
             assert state_hash(sampler.store.states[1]) == store.hashes[1]  # bit for bit all the same
-            assert sampler.follower._is_shunned(bad)  # struck: not asked again for a while
+            assert sampler.follower._is_shunned(bad) and sampler.follower._is_struck(bad)  # not asked for a while
             assert all(bad not in r.sources and r.sources for r in sampler.results)  # in chunks, none of them its
     finally:
         for sampler in samplers:

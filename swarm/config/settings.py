@@ -205,7 +205,8 @@ class SwarmSettings(Settings):
     heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
     upload_slots: int = setting(2, group="swarm", ge=0, help="weight transfers this peer serves at once: the learner's "
                                                              "upload budget, a sampler's share of relaying versions "
-                                                             "(others ask another holder meanwhile); 0: no limit")
+                                                             "(others ask another holder meanwhile; a chunk under "
+                                                             "1 MiB takes that share of one); 0: no limit")
 
     @field_validator("peers")
     @classmethod

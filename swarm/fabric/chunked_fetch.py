@@ -63,6 +63,9 @@ class ChunkedFetchFailed(RuntimeError):
 class ChunkSources:
     whole: list[str]  # peers holding the whole payload, in the order to ask them (the learner last)
     sharers: list[str]  # peers fetching it now, this one included when it relays: the stripes' owners
+    # sharers this peer does not ask (they sent it corrupt data lately): they keep their stripes, as
+    # every other peer deals them alike, and this one fetches their chunks from whole holders
+    avoid: frozenset[str] = frozenset()
 
 
 def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool) -> list[str]:
@@ -97,7 +100,7 @@ class ChunkedFetch:
         self.rng = rng or random.Random()
         self.deadline = time.monotonic() + (deadline_s or send_deadline(spec.size) * 2)
         self.received: Counter[str] = Counter()  # bytes of verified chunks, per sender
-        self._dead: set[str] = set()  # peers not asked again in this fetch
+        self._dead: set[str] = set(sources.avoid) - {me}  # peers not asked (again) in this fetch
         self._misses: Counter[str] = Counter()
         self._failures: Counter[str] = Counter()
         self._busy_answers: Counter[str] = Counter()
@@ -119,12 +122,14 @@ class ChunkedFetch:
     def run(self) -> Partial:
         """The complete, verified payload (a Partial still served from `book`: call book.end(it)
         once the version is in the store). Raises ChunkedFetchFailed."""
-        self.partial = partial = self.book.begin(self.spec, *self._manifest())
-        partial.wanted = self._adopt
+        manifest = self._manifest()
+        # the queues first: a peer asking for a chunk the moment the partial is served must find its
+        # index queued already, or adopting it would queue it a second time (two workers, two copies)
+        for index in range(self.spec.count):
+            owner = self.owner(index)
+            (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
+        self.partial = partial = self.book.begin(self.spec, *manifest, wanted=self._adopt)
         try:
-            for index in range(self.spec.count):
-                owner = self.owner(index)
-                (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
             workers = [threading.Thread(target=self._work, args=(whole,), daemon=True, name="chunk-fetch")
                        for whole in [True] * WHOLE_WORKERS + [False] * SHARED_WORKERS]
             for worker in workers:
@@ -144,7 +149,7 @@ class ChunkedFetch:
 
     def _manifest(self) -> tuple[bytes, list[bytes]]:
         """The manifest from the first whole holder (then sharer) that sends one matching the root."""
-        for peer in self.whole + [p for p in self.sharers if p != self.me]:
+        for peer in self.whole + [p for p in self.sharers if p != self.me and p not in self._dead]:
             try:
                 manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
                 return manifest, self.spec.digests(manifest, peer)
@@ -187,8 +192,8 @@ class ChunkedFetch:
         """Another peer waits for chunk `index` from this one, which meant to take it from some other
         peer: fetch it from a whole holder next (peers whose records differ by a heartbeat can each
         take the other for the chunk's owner)."""
-        with self._cond:
-            if self.partial.have[index] or index in self._inflight or index in self._from_whole:
+        with self._cond:  # (from the weight server's threads as soon as `begin` serves the partial)
+            if index in self._inflight or index in self._from_whole or self.partial is not None and self.partial.have[index]:
                 return
             self._from_whole.appendleft(index)
             self.adopted += 1

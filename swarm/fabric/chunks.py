@@ -33,7 +33,13 @@ from swarm.fabric.weight_delta import MAX_PAYLOAD_BYTES, CorruptVersion
 
 KINDS = ("delta", "snapshot")
 DIGEST_BYTES = 32  # sha256
-DEFAULT_CHUNK_BYTES = 1 << 20  # 84 ms at 100 Mbit/s: a pipeline's cost per hop
+DEFAULT_CHUNK_BYTES = 1 << 20  # 84 ms at 100 Mbit/s: a pipeline's cost per hop (the largest chunk)
+# a smaller payload is cut into at least this many chunks, of at least MIN_AUTO_CHUNK_BYTES: a
+# striped fan-out to n peers ends (n - 1) chunks after the learner's last send (its owner passes it
+# on to each of the others), so 10 chunks of a 10 MB delta among 8 samplers cost 0.7 of a transfer
+# time on top, 38 cost 0.2 (measured: benchmarks/fanout_wan.py)
+TARGET_CHUNKS = 32
+MIN_AUTO_CHUNK_BYTES = 1 << 16  # a chunk's request and stream cost more than its bytes below this
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1 << 12, 1 << 22  # what a receiver accepts (4 MiB: gRPC's message bound)
 MAX_CHUNKS = 1 << 16  # a manifest of at most 2 MiB
 MAX_WAIT_S = 10.0  # longest a holder holds a request for a chunk it does not have yet
@@ -105,6 +111,14 @@ def root_of(size: int, chunk_bytes: int, manifest: bytes) -> str:
 def manifest_of(payload: bytes, chunk_bytes: int) -> bytes:
     view = memoryview(payload)
     return b"".join(hashlib.sha256(view[s:s + chunk_bytes]).digest() for s in range(0, len(payload), chunk_bytes))
+
+
+def chunk_bytes_for(size: int, largest: int = DEFAULT_CHUNK_BYTES) -> int:
+    """The chunk size for a payload of `size` bytes: the largest power of two that cuts it into at
+    least TARGET_CHUNKS chunks, within MIN_AUTO_CHUNK_BYTES..`largest` (`largest` when that is below
+    the floor). Every holder derives it alike, so a relay's manifest matches the learner's root."""
+    fitting = 1 << max(0, (size // TARGET_CHUNKS).bit_length() - 1)
+    return min(largest, max(MIN_AUTO_CHUNK_BYTES, fitting))
 
 
 def spec_of(kind: str, version: int, payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[ChunkSpec, bytes]:
@@ -216,7 +230,8 @@ class NotYetHere(Exception):
 
 class ChunkBook:
     """What this peer can serve in chunks: complete payloads (`payload_of(kind, version)`, its
-    store's bytes, or None) and the payloads it is receiving (`begin` .. `end`)."""
+    store's bytes, or None) and the payloads it is receiving (`begin` .. `end`). `chunk_bytes`:
+    the largest chunk it cuts a payload into (chunk_bytes_for)."""
 
     def __init__(self, payload_of: Callable[[str, int], bytes | None], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         self._payload_of, self.chunk_bytes = payload_of, chunk_bytes
@@ -247,7 +262,7 @@ class ChunkBook:
         with self._cond:
             found = self._manifests.get(key)
         if found is None or found[2] is not payload:
-            spec, manifest = spec_of(kind, version, payload, self.chunk_bytes)
+            spec, manifest = spec_of(kind, version, payload, chunk_bytes_for(len(payload), self.chunk_bytes))
             found = (spec, manifest, payload)
             with self._cond:
                 self._manifests[key] = found
@@ -260,8 +275,11 @@ class ChunkBook:
         """Whether the complete payload with `root` is held here (not one being received)."""
         return self._complete(kind, version, root) is not None
 
-    def begin(self, spec: ChunkSpec, manifest: bytes, digests: list[bytes]) -> Partial:
+    def begin(self, spec: ChunkSpec, manifest: bytes, digests: list[bytes],
+              wanted: Callable[[int], None] | None = None) -> Partial:
+        """A payload being received, served from now on (`wanted`: Partial.wanted)."""
         partial = Partial(spec, manifest, digests)
+        partial.wanted = wanted
         with self._cond:
             old = self._partials.get((spec.kind, spec.version))
             if old is not None:
@@ -354,6 +372,12 @@ def takes_slot(request: dict) -> bool:
     return request.get("op") == "chunk"
 
 
+def slot_share(size: int) -> float:
+    """The share of an upload slot that sending a chunk of `size` bytes holds (UploadSlots): a
+    DEFAULT_CHUNK_BYTES chunk a whole slot, a smaller one in proportion."""
+    return min(1.0, max(size, 1) / DEFAULT_CHUNK_BYTES)
+
+
 def redirect_reply(target: str) -> dict:
     return {"ok": False, "redirect": target, "reason": f"sent to {target} already: ask it", "count": 0}
 
@@ -373,8 +397,8 @@ def claim_chunk(book: ChunkBook, request: dict, taker: str, *, take: bool = True
 
 def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", taker: str = "") -> tuple[dict, bytes | None]:
     """A holder's answer to a manifest or chunk request: (header, data). With `slots`, when data
-    is not None and the request `takes_slot`, an upload slot is held, which the caller releases
-    once it has sent the data, and the chunk is claimed (`claim_chunk`: a redirect instead; without
+    is not None and the request `takes_slot`, its `slot_share` of an upload slot is held, which the
+    caller releases once it has sent the data, and the chunk is claimed (`claim_chunk`: a redirect instead; without
     slots, the caller takes one and claims); `who` is the requester, whose turn for a slot comes by
     how many it was given (UploadSlots), `taker` its peer id (where later requesters of the chunk
     may be sent). Blocks (a chunk on its way, a slot): call it from a thread."""
@@ -392,11 +416,11 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", take
         what = "the manifest" if index is None else f"chunk {index}"
         return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None
     if slots is not None and takes_slot(request):
-        if not slots.take(SLOT_WAIT_S, who):
+        if not slots.take(SLOT_WAIT_S, who, slot_share(len(data))):
             return slots.busy_reply(), None
         redirect = claim_chunk(book, request, taker)
         if redirect is not None:
-            slots.release()
+            slots.release(slot_share(len(data)))
             return redirect, None
     return {"ok": True, "count": 1, "sizes": [len(data)]}, data
 

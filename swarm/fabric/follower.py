@@ -126,14 +126,18 @@ class VersionFollower:
         self._failures = 0
         self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
+        self._struck: dict[str, float] = {}  # of those, the ones that sent data that does not verify
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
         self._thread.start()
 
     def _is_shunned(self, peer: str) -> bool:
         return self._shunned.get(peer, 0.0) > time.monotonic()
 
+    def _is_struck(self, peer: str) -> bool:
+        return self._struck.get(peer, 0.0) > time.monotonic()
+
     def _shun(self, peer: str, exc: BaseException) -> None:
-        self._shunned[peer] = time.monotonic() + SHUN_S
+        self._shunned[peer] = self._struck[peer] = time.monotonic() + SHUN_S
         self.echo(f"holder {peer} sent a version that does not verify ({exc}); not asking it for {SHUN_S:.0f}s")
 
     def _unreachable(self, peer: str, exc: BaseException) -> None:
@@ -196,11 +200,16 @@ class VersionFollower:
         me = self.fabric.peer_id
         relays = sorted({m.record.peer_id for m in members if ann.version in m.record.holds
                          and m.record.peer_id not in (me, ann.peer_id) and not self._is_shunned(m.record.peer_id)})
-        sharers = [p for p in sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
-                   if p == me or not self._is_shunned(p)]
+        # every peer deals the stripes out among the same sharers, shunned ones included (dropping one
+        # here would move nearly every chunk to another owner in this peer's plan alone). Those that
+        # sent corrupt data are not asked: their stripes come from whole holders. One that failed to
+        # answer lately (a stream reset or time-out on a loaded peer) is asked again: the fetch
+        # passes it over at its first failure, and otherwise the learner would send its stripe again
+        sharers = sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
+        avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)
-        fetch = ChunkedFetch(self.client, self.store.book, spec, ChunkSources(relays + [ann.peer_id], sharers), me,
+        fetch = ChunkedFetch(self.client, self.store.book, spec, ChunkSources(relays + [ann.peer_id], sharers, avoid), me,
                              unreachable=unreachable, on_corrupt=self._shun, on_unreachable=self._unreachable, rng=self.rng,
                              on_chunk=task.advance if task is not None else None)
         try:

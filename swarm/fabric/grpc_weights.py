@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
-from swarm.fabric.chunks import chunk_answer, takes_slot
+from swarm.fabric.chunks import chunk_answer, slot_share, takes_slot
 from swarm.fabric.grpc_common import CHUNK_BYTES, SERVICE, RequestSigner, pack, unpack
 from swarm.fabric.upload_slots import UploadSlots
 from swarm.fabric.versions import (
@@ -68,7 +68,7 @@ class GrpcWeightServer:
             yield from self._pieces(data)
         finally:
             if takes_slot(request):
-                self.slots.release()
+                self.slots.release(slot_share(len(data)))
 
     def _pieces(self, payload: bytes):
         """A payload in messages of at most CHUNK_BYTES, counted as they go (a receiver that has

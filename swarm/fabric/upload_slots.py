@@ -10,6 +10,15 @@ import time
 from collections import Counter
 
 
+SHARE_UNITS = 1 << 20  # a slot's parts: shares are counted in whole units, so taking and releasing add up exactly
+
+
+def _units(share: float) -> int:
+    if not 0 < share <= 1:
+        raise ValueError(f"a share of an upload slot is in (0, 1], not {share}")
+    return max(1, round(share * SHARE_UNITS))
+
+
 class HolderBusy(KeyError):
     """A holder refused a transfer because all its upload slots are taken: ask another (no blame)."""
 
@@ -22,24 +31,35 @@ class UploadSlots:
 
     A freed slot goes to the waiting requester that was given the fewest slots since this peer was
     last idle (the earliest among equals): the learner hands out the stripes of a payload evenly,
-    so no stripe owner falls behind the others and holds up everyone's last chunks."""
+    so no stripe owner falls behind the others and holds up everyone's last chunks.
+
+    A transfer may take a `share` of a slot (a chunk smaller than a whole slot's: chunks.slot_share):
+    the budget is bytes in flight, so a payload cut in small chunks keeps an uplink as busy as one
+    cut in large chunks (with whole slots, 2 chunks of 256 KiB in flight left a learner's uplink
+    half idle while its receivers' downlinks were shared with other senders)."""
 
     def __init__(self, limit: int | None) -> None:
-        self.limit, self.active, self.refused = limit, 0, 0
+        self.limit, self.refused = limit, 0
+        self._used = 0  # SHARE_UNITS per slot in use
         self._cond = threading.Condition()
         self._tickets = itertools.count()
         self._waiting: dict[int, str] = {}  # ticket -> requester, while it waits
         self._given: Counter = Counter()  # requester -> slots given since the last idle moment
         self._wakeups: set = set()  # (loop, future) of coroutines waiting in take_async
 
-    def _grant(self, ticket: int) -> bool:
-        """Under the lock: give `ticket` a slot if one is free and it is the one to serve next."""
-        if self.limit is not None and self.active >= self.limit:
+    @property
+    def active(self) -> float:
+        """Slots in use (a fraction while shares of one are)."""
+        return self._used / SHARE_UNITS
+
+    def _grant(self, ticket: int, units: int) -> bool:
+        """Under the lock: give `ticket` `units` of a slot if they are free and it is the one to serve next."""
+        if self.limit is not None and self._used + units > self.limit * SHARE_UNITS:
             return False
         if min(self._waiting, key=lambda t: (self._given[self._waiting[t]], t)) != ticket:
             return False
         who = self._waiting.pop(ticket)
-        self.active += 1
+        self._used += units
         self._given[who] += 1
         return True
 
@@ -59,12 +79,13 @@ class UploadSlots:
         self._waiting[ticket] = who
         return ticket
 
-    def take(self, wait_s: float = 0.0, who: str = "") -> bool:
-        """A slot for requester `who`, waiting up to `wait_s` for one."""
+    def take(self, wait_s: float = 0.0, who: str = "", share: float = 1.0) -> bool:
+        """A slot (or `share` of one, release it alike) for requester `who`, waiting up to `wait_s` for it."""
         deadline = time.monotonic() + wait_s
+        units = _units(share)
         with self._cond:
             ticket = self._line_up(who)
-            while not self._grant(ticket):
+            while not self._grant(ticket, units):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._give_up(ticket)
@@ -73,18 +94,19 @@ class UploadSlots:
                 self._cond.wait(left)
             return True
 
-    async def take_async(self, wait_s: float, who: str = "") -> bool:
+    async def take_async(self, wait_s: float, who: str = "", share: float = 1.0) -> bool:
         """`take` on an event loop (it never blocks the loop; a caller cancelled while it waits has
         taken nothing)."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + wait_s
+        units = _units(share)
         with self._cond:
             ticket = self._line_up(who)
         try:
             while True:
                 future = loop.create_future()
                 with self._cond:
-                    if self._grant(ticket):
+                    if self._grant(ticket, units):
                         return True
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -103,10 +125,10 @@ class UploadSlots:
             with self._cond:
                 self._give_up(ticket)  # a no-op once granted
 
-    def release(self) -> None:
+    def release(self, share: float = 1.0) -> None:
         with self._cond:
-            self.active -= 1
-            if self.active <= 0 and not self._waiting:
+            self._used -= _units(share)
+            if self._used <= 0 and not self._waiting:
                 self._given.clear()  # idle: the next busy spell starts even
             self._wake()
 

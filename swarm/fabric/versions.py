@@ -35,6 +35,7 @@ from swarm.fabric.chunks import (
     chunk_answer,
     chunk_request,
     claim_chunk,
+    slot_share,
     takes_slot,
 )
 from swarm.fabric.loop import HostedStreamHandler, StreamClient
@@ -344,10 +345,11 @@ class WeightServer:
         header, data = await asyncio.get_running_loop().run_in_executor(
             self._waits, partial(chunk_answer, self.store.book, request, taker=peer))
         slot = data is not None and takes_slot(request)
-        if slot and not await self.slots.take_async(SLOT_WAIT_S, peer):
+        share = slot_share(len(data)) if slot else 1.0
+        if slot and not await self.slots.take_async(SLOT_WAIT_S, peer, share):
             header, data, slot = self.slots.busy_reply(), None, False
         if slot and (redirect := claim_chunk(self.store.book, request, peer)) is not None:
-            self.slots.release()
+            self.slots.release(share)
             header, data, slot = redirect, None, False
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
@@ -358,7 +360,7 @@ class WeightServer:
             self.bytes_served += len(data)
         finally:
             if slot:
-                self.slots.release()
+                self.slots.release(share)
 
     def close(self) -> None:
         self._host.close()
