@@ -28,7 +28,7 @@ from swarm.fabric.chunks import (
     slot_share,
     spec_of,
 )
-from swarm.fabric.chunked_fetch import sharers_for
+from swarm.fabric.chunked_fetch import ChunkedFetchFailed, sharers_for
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.pulse import Pulse
 from swarm.fabric.records import Heartbeat, Member, RunSampling, VersionAnnouncement
@@ -321,12 +321,12 @@ def learner_with_a_snapshot(make_fabric):
     return learner, store, next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
 
 
-def fetch_by(peer, book, spec, whole, sharers):
+def fetch_by(peer, book, spec, whole, sharers, on_corrupt=lambda p, e: None, **options):
     """A chunked fetch of `spec` by `peer` (a fabric) into `book`."""
     from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
 
     return ChunkedFetch(peer.weight_client(), book, spec, ChunkSources(whole, sharers), peer.peer_id,
-                        unreachable=peer.unreachable_errors(), on_corrupt=lambda p, e: None)
+                        unreachable=peer.unreachable_errors(), on_corrupt=on_corrupt, **options)
 
 
 @pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
@@ -455,6 +455,45 @@ def test_a_chunk_asked_for_the_moment_a_fetch_starts_serving_is_fetched_once(mak
         time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
         assert server.bytes_served == spec.size + spec.count * DIGEST_BYTES  # every chunk once, and the manifest
         fetch.client.close()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_a_manifest_asked_for_already_is_used_and_a_failed_one_asked_again(make_fabric):
+    """The follower asks the learner for the manifest while it looks the members up: the fetch uses
+    that answer (the learner is not asked again) and asks again when it failed; one that does not
+    match the root strikes the learner, as any holder's would."""
+    from concurrent.futures import Future
+
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
+    server = learner.weight_server(store)
+    peer = make_fabric()
+    manifest = spec_of(spec.kind, spec.version, store.payload("snapshot", 0), spec.chunk_bytes)[1]
+
+    def answered(value=None, error=None) -> Future:
+        future = Future()
+        future.set_result(value) if error is None else future.set_exception(error)
+        return future
+
+    def learner_bytes_for_a_fetch(answer: Future, on_corrupt=lambda p, e: None) -> int:
+        before = server.bytes_served
+        fetch = fetch_by(peer, VersionStore().book, spec, [learner.peer_id], [peer.peer_id], manifest=answer,
+                         on_corrupt=on_corrupt)
+        try:
+            assert fetch.run().payload() == store.payload("snapshot", 0)
+        finally:
+            fetch.client.close()
+        time.sleep(0.2)  # the learner counts bytes once it has sent them
+        return server.bytes_served - before
+
+    struck = []
+    try:
+        assert learner_bytes_for_a_fetch(answered(manifest)) == spec.size  # the chunks, not the manifest again
+        assert learner_bytes_for_a_fetch(answered(error=KeyError("not held"))) == spec.size + spec.count * DIGEST_BYTES
+        with pytest.raises(ChunkedFetchFailed, match="manifest"):  # it does not match the root: struck
+            learner_bytes_for_a_fetch(answered(manifest[:-1] + b"x"), lambda p, e: struck.append(p))
+        assert struck == [learner.peer_id]  # and not asked again: no other holder, so the fetch fails
     finally:
         server.close()
 

@@ -33,6 +33,7 @@ import random
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -91,8 +92,9 @@ class ChunkedFetch:
                  unreachable: tuple[type[BaseException], ...], on_corrupt: Callable[[str, BaseException], None],
                  on_unreachable: Callable[[str, BaseException], None] | None = None,
                  rng: random.Random | None = None, deadline_s: float | None = None,
-                 on_chunk: Callable[[int], None] | None = None) -> None:
+                 on_chunk: Callable[[int], None] | None = None, manifest: Future | None = None) -> None:
         self.client, self.book, self.spec, self.me = client, book, spec, me
+        self._asked_manifest = manifest  # the last whole holder's (the learner's) answer, asked already
         self.on_chunk = on_chunk  # hears the size of each verified chunk kept (from a worker thread): progress
         self.whole = list(sources.whole)
         self.sharers = list(sources.sharers)
@@ -148,16 +150,24 @@ class ChunkedFetch:
             raise
 
     def _manifest(self) -> tuple[bytes, list[bytes]]:
-        """The manifest from the first whole holder (then sharer) that sends one matching the root."""
-        for peer in self.whole + [p for p in self.sharers if p != self.me and p not in self._dead]:
+        """The manifest from the first whole holder (then sharer) that sends one matching the root:
+        the learner's answer first when it was asked already."""
+        asked = [] if self._asked_manifest is None or not self.whole else [(self.whole[-1], self._asked_manifest)]
+        ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me and p not in self._dead]]
+        for peer, answer in asked + ask:
+            if peer in self._dead:
+                continue
             try:
-                manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
+                if answer is not None:
+                    manifest = answer.result(timeout=max(0.0, self.deadline - time.monotonic()))
+                else:
+                    manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
                 return manifest, self.spec.digests(manifest, peer)
             except CorruptVersion as exc:
                 self._strike(peer, exc)
-            except (KeyError, HolderBusy) as exc:
+            except (KeyError, HolderBusy, CancelledError) as exc:  # cancelled: the follower is closing
                 logger.debug("no manifest of %s %d from %s: %s", self.spec.kind, self.spec.version, peer, exc)
-            except self.unreachable as exc:
+            except self.unreachable + (TimeoutError,) as exc:
                 self._gone(peer, exc)
         raise ChunkedFetchFailed(f"no peer sent the manifest of {self.spec.kind} {self.spec.version}")
 
