@@ -154,7 +154,12 @@ class ChunkedFetch:
         the learner's answer first when it was asked already."""
         asked = [] if self._asked_manifest is None or not self.whole else [(self.whole[-1], self._asked_manifest)]
         ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me and p not in self._dead]]
-        for peer, answer in asked + ask:
+        # a second round when none sent it: a loaded whole holder may time out once (as for chunks:
+        # WHOLE_FAILURES), and with the learner the only one that would fail the whole fetch
+        for peer, answer in asked + ask + [(None, None)] + ask:
+            if peer is None:
+                time.sleep(self.rng.uniform(*RETRY_S))
+                continue
             if peer in self._dead:
                 continue
             try:
