@@ -2,7 +2,8 @@
 root, a partial payload served while it fills, a holder's answers; then real swarms on loopback,
 over both transports, where three samplers share a snapshot and a delta out in stripes (the
 learner uploads about one copy), every one rebuilds the version bit for bit, and a peer that
-serves a corrupt chunk is struck while the chunk comes from another holder."""
+serves a corrupt chunk is struck while the chunk comes from another holder. One chunked fetch
+against real holders, case by case: test_chunked_fetch.py."""
 
 import random
 import threading
@@ -14,7 +15,6 @@ import torch
 from swarm.fabric.chunks import (
     DEFAULT_CHUNK_BYTES,
     DIGEST_BYTES,
-    MAX_WAIT_S,
     MIN_AUTO_CHUNK_BYTES,
     MIN_CHUNK_BYTES,
     TARGET_CHUNKS,
@@ -28,10 +28,9 @@ from swarm.fabric.chunks import (
     slot_share,
     spec_of,
 )
-from swarm.fabric.chunked_fetch import ChunkedFetchFailed, sharers_for
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.pulse import Pulse
-from swarm.fabric.records import Heartbeat, Member, RunSampling, VersionAnnouncement
+from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
 from swarm.fabric.upload_slots import UploadSlots
 from swarm.fabric.versions import VersionStore
 from swarm.fabric.weight_delta import CorruptVersion, state_hash
@@ -311,208 +310,6 @@ def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeyp
     assert header["ok"] is False and header.get("busy") and sent is None
 
 
-def learner_with_a_snapshot(make_fabric):
-    """A learner holding version 0 in CHUNK-sized chunks: (its fabric, its store, the snapshot's spec)."""
-    learner = make_fabric()
-    store = VersionStore()
-    store.book.chunk_bytes = CHUNK
-    v0, _ = versions()
-    store.add(0, v0)
-    return learner, store, next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
-
-
-def fetch_by(peer, book, spec, whole, sharers, on_corrupt=lambda p, e: None, **options):
-    """A chunked fetch of `spec` by `peer` (a fabric) into `book`."""
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
-
-    return ChunkedFetch(peer.weight_client(), book, spec, ChunkSources(whole, sharers), peer.peer_id,
-                        unreachable=peer.unreachable_errors(), on_corrupt=on_corrupt, **options)
-
-
-@pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
-def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_waiting(make_fabric, monkeypatch):
-    """Records seen a heartbeat apart can give two peers mirrored stripe plans: each waits for the
-    other to have its odd chunks. A peer asked for a chunk it is not fetching fetches it next
-    (`_adopt`), so neither waits out OWNER_WAIT_S (made a minute here: the test would time out)."""
-    import swarm.fabric.chunked_fetch as chunked_fetch
-
-    monkeypatch.setattr(chunked_fetch, "OWNER_WAIT_S", 60.0)
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    servers = [learner.weight_server(store)]
-    peers = [make_fabric(), make_fabric()]
-    stores = [VersionStore() for _ in peers]
-    servers += [peer.weight_server(s) for peer, s in zip(peers, stores)]
-    a, b = (peer.peer_id for peer in peers)
-    plans = {a: [a, b], b: [b, a]}  # chunk 1, 3, ...: a thinks b owns it, b thinks a does
-    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], plans[peer.peer_id]) for peer, s in zip(peers, stores)]
-    done = []
-    threads = [threading.Thread(target=lambda f=f: done.append((f.run().payload(), time.monotonic()))) for f in fetches]
-    started = time.monotonic()
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert len(done) == 2
-        assert done[0][0] == done[1][0] == store.payload("snapshot", 0)
-        # a holder waits at most MAX_WAIT_S for a chunk before it says "not held" (then the fetch
-        # falls back to whole holders): neither fetch came to that
-        assert max(t for _, t in done) - started < MAX_WAIT_S, "a fetch waited for its mirror image"
-        assert all(f.adopted > 0 for f in fetches)
-        # both take every even chunk for their own and ask the learner for it; it sends each chunk
-        # to the first, the second to it: about one copy (two requests may cross in flight), not two
-        size = spec.size
-        assert sum(f.redirected for f in fetches) > spec.count // 4
-        assert servers[0].bytes_served < 1.3 * size, f"the learner sent {servers[0].bytes_served / size:.2f} copies"
-    finally:
-        for f in fetches:
-            f.client.close()
-        for server in servers:
-            server.close()
-
-
-@pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
-def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_holder_all_the_same(make_fabric):
-    """The learner sent every chunk to a relaying peer that has left since: a later fetch is
-    redirected to it for each chunk, finds it gone, and asks the learner again with `force`; the
-    version arrives whole, and the gone peer is asked once, not once per chunk."""
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    server = learner.weight_server(store)
-    gone, late = make_fabric(), make_fabric()
-    servers = [gone.weight_server(VersionStore()), late.weight_server(VersionStore())]
-
-    def fetch(peer):
-        return fetch_by(peer, VersionStore().book, spec, [learner.peer_id], [peer.peer_id])
-
-    try:
-        first = fetch(gone)
-        assert first.run().payload() == store.payload("snapshot", 0) and first.redirected == 0
-        first.client.close()
-        servers[0].close()
-        gone.shutdown()
-        second = fetch(late)
-        assert second.run().payload() == store.payload("snapshot", 0)
-        assert spec.count <= second.redirected <= spec.count + 4  # every chunk's first request
-        # the gone peer is tried by the requests in flight when it is found gone (2 workers), then passed over
-        assert gone.peer_id in second._dead and 1 <= second._failures[gone.peer_id] <= 2
-        assert set(second.received) == {learner.peer_id}
-        assert 1.9 * spec.size < server.bytes_served < 2.1 * spec.size  # one copy each, nothing twice
-        second.client.close()
-    finally:
-        for s in [server, *servers]:
-            s.close()
-
-
-@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
-def test_a_sharer_this_peer_avoids_keeps_its_stripe_and_is_never_asked(make_fabric):
-    """A peer shuns a sharer that sent it corrupt data, yet deals the stripes out among all the
-    sharers as the others do (dropping it would move nearly every chunk to another owner in this
-    plan alone): the avoided sharer's chunks come from whole holders, and it is not asked."""
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
-
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    server = learner.weight_server(store)
-    me, avoided = make_fabric(), make_fabric()
-    servers = [me.weight_server(VersionStore()), avoided.weight_server(VersionStore())]  # it would hold a request ~8 s
-    sharers = sorted([me.peer_id, avoided.peer_id])
-    fetch = ChunkedFetch(me.weight_client(), VersionStore().book, spec,
-                         ChunkSources([learner.peer_id], sharers, frozenset({avoided.peer_id})), me.peer_id,
-                         unreachable=me.unreachable_errors(), on_corrupt=lambda p, e: None)
-    try:
-        assert {fetch.owner(i) for i in range(spec.count)} == set(sharers)  # the plan every sharer makes
-        assert fetch.run().payload() == store.payload("snapshot", 0)
-        assert set(fetch.received) == {learner.peer_id}
-        assert fetch._misses[avoided.peer_id] == fetch._busy_answers[avoided.peer_id] == 0  # never asked
-        assert fetch._failures[avoided.peer_id] == 0
-        fetch.client.close()
-    finally:
-        for s in [server, *servers]:
-            s.close()
-
-
-@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
-def test_a_chunk_asked_for_the_moment_a_fetch_starts_serving_is_fetched_once(make_fabric, monkeypatch):
-    """A peer may ask for a chunk as soon as this one serves its partial payload (`begin`), before
-    its workers start. Adopting that chunk must not queue it twice: two workers would fetch it at
-    once, and the learner would send it twice."""
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    server = learner.weight_server(store)
-    peer = make_fabric()
-    book = VersionStore().book
-    begin = book.begin
-
-    def begin_and_get_asked(*args, **kwargs):
-        partial = begin(*args, **kwargs)
-        for index in (0, spec.count - 1):  # as the weight server does for a request for a missing chunk
-            partial.wanted(index)
-        return partial
-
-    monkeypatch.setattr(book, "begin", begin_and_get_asked)
-    fetch = fetch_by(peer, book, spec, [learner.peer_id], [peer.peer_id])
-    try:
-        assert fetch.run().payload() == store.payload("snapshot", 0)
-        assert fetch.adopted == 0  # its own stripe: queued already
-        time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
-        assert server.bytes_served == spec.size + spec.count * DIGEST_BYTES  # every chunk once, and the manifest
-        fetch.client.close()
-    finally:
-        server.close()
-
-
-@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
-def test_a_manifest_asked_for_already_is_used_and_a_failed_one_asked_again(make_fabric):
-    """The follower asks the learner for the manifest while it looks the members up: the fetch uses
-    that answer (the learner is not asked again) and asks again when it failed; one that does not
-    match the root strikes the learner, as any holder's would."""
-    from concurrent.futures import Future
-
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    server = learner.weight_server(store)
-    peer = make_fabric()
-    manifest = spec_of(spec.kind, spec.version, store.payload("snapshot", 0), spec.chunk_bytes)[1]
-
-    def answered(value=None, error=None) -> Future:
-        future = Future()
-        future.set_result(value) if error is None else future.set_exception(error)
-        return future
-
-    def learner_bytes_for_a_fetch(answer: Future, on_corrupt=lambda p, e: None) -> int:
-        before = server.bytes_served
-        fetch = fetch_by(peer, VersionStore().book, spec, [learner.peer_id], [peer.peer_id], manifest=answer,
-                         on_corrupt=on_corrupt)
-        try:
-            assert fetch.run().payload() == store.payload("snapshot", 0)
-        finally:
-            fetch.client.close()
-        time.sleep(0.2)  # the learner counts bytes once it has sent them
-        return server.bytes_served - before
-
-    struck = []
-    try:
-        assert learner_bytes_for_a_fetch(answered(manifest)) == spec.size  # the chunks, not the manifest again
-        assert learner_bytes_for_a_fetch(answered(error=KeyError("not held"))) == spec.size + spec.count * DIGEST_BYTES
-        with pytest.raises(ChunkedFetchFailed, match="manifest"):  # it does not match the root: struck
-            learner_bytes_for_a_fetch(answered(manifest[:-1] + b"x"), lambda p, e: struck.append(p))
-        assert struck == [learner.peer_id]  # and not asked again: no other holder, so the fetch fails
-    finally:
-        server.close()
-
-
-def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:
-    beat = Heartbeat(role=role, holds=tuple(holds), relay=relay)
-    return Member(record=beat.record(peer_id, 0.0), expires_at=1e12, owner=peer_id.encode())
-
-
-def test_sharers_are_the_relaying_samplers_about_to_fetch_the_same_payload():
-    delta, _ = spec_of("delta", 5, payload(5000), CHUNK)
-    snapshot, _ = spec_of("snapshot", 5, payload(5000), CHUNK)
-    members = [member("a", [3, 4]), member("b", [4]), member("c", [4, 5]), member("d", [3]), member("e", []),
-               member("f", [4], relay=False), member("L", [4, 5], role="learner")]
-    assert sharers_for(delta, members, me="me", me_relays=True) == ["a", "b", "me"]
-    assert sharers_for(delta, members, me="me", me_relays=False) == ["a", "b"]
-    assert sharers_for(snapshot, members, me="me", me_relays=True) == ["e", "me"]
-
-
 # -----------------------------------------------------------------------------------------------
 # real swarms on loopback
 
@@ -633,26 +430,3 @@ def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_c
     assert [spec.kind for spec in full] == ["delta", "snapshot"]
     assert store.chunk_specs(1, quick=True) == full  # cached now
     assert store.payload("snapshot", 0) is None  # an older version's snapshot is not encoded for whoever asks
-
-
-class NothingHeld:
-    """A weight client whose every holder answers "not held"."""
-
-    def piece(self, holder, spec, index, wait_s=0.0, **flags):
-        raise KeyError(f"{holder} holds nothing")
-
-
-def test_a_fetch_whose_holders_all_lack_the_payload_fails_at_once_rather_than_spinning():
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources
-
-    data = payload(4 * CHUNK)
-    spec, manifest = spec_of("snapshot", 3, data, CHUNK)
-    book = ChunkBook(lambda kind, version: None, CHUNK)
-    fetch = ChunkedFetch(NothingHeld(), book, spec, ChunkSources(["relay", "learner"], ["me"]), "me",
-                         unreachable=(ConnectionError,), on_corrupt=lambda peer, exc: None)
-    fetch._manifest = lambda: (manifest, spec.digests(manifest, "x"))  # the manifest came; then every holder lost it
-    started = time.monotonic()
-    with pytest.raises(ChunkedFetchFailed, match="whole holders left: 0 of 2"):
-        fetch.run()
-    assert time.monotonic() - started < 3
-    assert book.lookup("snapshot", 3, spec.root, None, 0.0) is None  # the partial is no longer served

@@ -151,30 +151,35 @@ class ChunkedFetch:
 
     def _manifest(self) -> tuple[bytes, list[bytes]]:
         """The manifest from the first whole holder (then sharer) that sends one matching the root:
-        the learner's answer first when it was asked already."""
-        asked = [] if self._asked_manifest is None or not self.whole else [(self.whole[-1], self._asked_manifest)]
-        ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me and p not in self._dead]]
-        # a second round when none sent it: a loaded whole holder may time out once (as for chunks:
-        # WHOLE_FAILURES), and with the learner the only one that would fail the whole fetch
-        for peer, answer in asked + ask + [(None, None)] + ask:
-            if peer is None:
+        the learner's answer first when it was asked already. A second round when none sent it: a
+        loaded whole holder may time out once (as for chunks: WHOLE_FAILURES), and with the learner
+        the only one, that would fail the whole fetch."""
+        ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me]]
+        asked = [(self.whole[-1], self._asked_manifest)] if self._asked_manifest is not None and self.whole else []
+        for again, round_ in enumerate((asked + ask, ask)):
+            if again:
                 time.sleep(self.rng.uniform(*RETRY_S))
-                continue
-            if peer in self._dead:
-                continue
-            try:
-                if answer is not None:
-                    manifest = answer.result(timeout=max(0.0, self.deadline - time.monotonic()))
-                else:
-                    manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
-                return manifest, self.spec.digests(manifest, peer)
-            except CorruptVersion as exc:
-                self._strike(peer, exc)
-            except (KeyError, HolderBusy, CancelledError) as exc:  # cancelled: the follower is closing
-                logger.debug("no manifest of %s %d from %s: %s", self.spec.kind, self.spec.version, peer, exc)
-            except self.unreachable + (TimeoutError,) as exc:
-                self._gone(peer, exc)
+            for peer, answer in round_:
+                found = None if peer in self._dead else self._manifest_from(peer, answer)
+                if found is not None:
+                    return found
         raise ChunkedFetchFailed(f"no peer sent the manifest of {self.spec.kind} {self.spec.version}")
+
+    def _manifest_from(self, peer: str, answer: Future | None) -> tuple[bytes, list[bytes]] | None:
+        """(manifest, digests) from `peer` (`answer`: its reply to a request sent already), or None."""
+        try:
+            if answer is not None:
+                manifest = answer.result(timeout=max(0.0, self.deadline - time.monotonic()))
+            else:
+                manifest = self.client.piece(peer, self.spec, None, 0.0 if peer in self.whole else OWNER_WAIT_S)
+            return manifest, self.spec.digests(manifest, peer)
+        except CorruptVersion as exc:
+            self._strike(peer, exc)
+        except (KeyError, HolderBusy, CancelledError) as exc:  # cancelled: the follower is closing
+            logger.debug("no manifest of %s %d from %s: %s", self.spec.kind, self.spec.version, peer, exc)
+        except self.unreachable + (TimeoutError,) as exc:
+            self._gone(peer, exc)
+        return None
 
     def _alive(self) -> list[str]:
         return [p for p in self.whole if p not in self._dead]
