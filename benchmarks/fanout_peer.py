@@ -69,12 +69,12 @@ def learner(args) -> None:
             with store.lock:
                 version = store.latest
                 digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
-            # as the learner peer does: the delta's spec at once, the snapshot's at the next beat (the
-            # first version, which every receiver fetches as a snapshot, is announced with it)
+            # as the learner peer does: the delta's spec at once, the snapshot's at the next beat once the
+            # delta went out (the first version, which every receiver fetches as a snapshot, is announced with it)
             chunks = store.chunk_specs(version, quick=version > 0) if args.chunked else []
             fabric.announce(version, digest, recent=recent, chunks=chunks)
             fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
-            if args.chunked and not any(spec.kind == "snapshot" for spec in chunks):
+            if args.chunked and not any(spec.kind == "snapshot" for spec in chunks) and store.snapshot_due(version):
                 store.chunk_specs(version)
                 pulse.poke()
 

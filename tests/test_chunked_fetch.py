@@ -212,6 +212,22 @@ def test_sharers_are_the_relaying_samplers_about_to_fetch_the_same_payload():
     assert sharers_for(snapshot, members, me="me", me_relays=True) == ["e", "me"]
 
 
+def test_each_peer_asks_the_owners_in_turn_from_the_one_after_it_so_no_owner_is_crowded():
+    spec, _ = spec_of("delta", 1, payload(8 * CHUNK), CHUNK)
+    sharers = ["a", "b", "c", "d"]
+    orders = {}
+    for me in sharers:
+        fetch = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
+                             ChunkSources(["learner"], sharers), me, unreachable=(), on_corrupt=lambda peer, exc: None)
+        orders[me] = [fetch.owner(i) for i in sorted(range(spec.count), key=fetch.turn) if fetch.owner(i) != me]
+    assert orders["b"] == ["c", "d", "a"] * 2  # a stripe arrives at its owner in order: round by round
+    for step in range(3):  # at every step of a round the four peers ask four different owners
+        assert len({orders[me][step] for me in sharers}) == 4
+    outsider = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
+                            ChunkSources(["learner"], sharers), "e", unreachable=(), on_corrupt=lambda peer, exc: None)
+    assert sorted(range(spec.count), key=outsider.turn)[:4] in ([0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2])
+
+
 class NothingHeld:
     """A weight client whose every holder answers "not held"."""
 

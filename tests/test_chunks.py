@@ -15,6 +15,7 @@ import torch
 from swarm.fabric.chunks import (
     DEFAULT_CHUNK_BYTES,
     DIGEST_BYTES,
+    MAX_WAIT_S,
     MIN_AUTO_CHUNK_BYTES,
     MIN_CHUNK_BYTES,
     TARGET_CHUNKS,
@@ -24,10 +25,12 @@ from swarm.fabric.chunks import (
     chunk_answer,
     chunk_bytes_for,
     chunk_request,
+    claim_chunk,
     parse_chunk_request,
     slot_share,
     spec_of,
 )
+import swarm.fabric.versions as versions_module
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.pulse import Pulse
 from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
@@ -87,9 +90,13 @@ def test_a_partial_payload_is_served_as_it_fills_and_a_waiting_request_gets_the_
     data = payload(2 * CHUNK)
     spec, manifest = spec_of("delta", 7, data, CHUNK)
     book = ChunkBook(lambda kind, version: None, CHUNK)
-    assert book.lookup("delta", 7, spec.root, 0, 0.0) is None  # neither held nor on its way
+    book.on_unheld = lambda kind, version: unheld.append((kind, version))
+    unheld = []
+    assert book.lookup("delta", 7, spec.root, 0, 0.7) is None  # neither held nor on its way
+    assert unheld == [("delta", 7)]  # heard once, however long the request waited
     partial = book.begin(spec, manifest, spec.digests(manifest, "h"))
     assert book.lookup("delta", 7, spec.root, None, 0.0) == manifest
+    assert unheld == [("delta", 7)]  # a payload on its way is not news
     assert book.lookup("delta", 7, "0" * 64, None, 0.0) is None  # another root: another payload
     partial.put(0, data[:CHUNK])
     assert book.lookup("delta", 7, spec.root, 0, 0.0) == data[:CHUNK]
@@ -418,6 +425,37 @@ def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_str
         server.close()
 
 
+def test_a_follower_asked_for_a_version_it_has_not_seen_looks_at_the_announcements_at_once(make_fabric):
+    """A sampler that started on a new version asks its stripes' owners for their chunks at once:
+    an owner polling every minute is nudged by the request, fetches the version and serves the
+    chunk within the request's wait, instead of a poll later."""
+    learner = make_fabric()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    server = learner.weight_server(store)
+    follower_fabric, got = make_fabric(), VersionStore()
+    follower_server = follower_fabric.weight_server(got)
+    follower = VersionFollower(follower_fabric, got, [learner.public_key], SecondsDelay.parse("none"), random.Random(0),
+                               echo=lambda m: None, poll_s=60.0)
+    try:
+        v0, v1 = versions()
+        store.add(0, v0)
+        learner.announce(0, store.hashes[0], recent=dict(store.hashes), chunks=store.chunk_specs(0))
+        follower.nudge("snapshot", 0)  # (its first look may have come before the announcement)
+        wait_until(lambda: got.latest == 0, 30, "version 0 at the follower")
+        store.add(1, v1)
+        delta = next(s for s in store.chunk_specs(1) if s.kind == "delta")
+        learner.announce(1, store.hashes[1], recent=dict(store.hashes), chunks=[delta])
+        start, end = delta.bounds(2)  # served within the request's wait, else KeyError (not held)
+        assert learner.weight_client().piece(follower_fabric.peer_id, delta, 2, MAX_WAIT_S) == store.deltas[1][start:end]
+        wait_until(lambda: got.latest == 1, 30, "version 1 at the follower")
+        assert state_hash(got.states[1]) == store.hashes[1]
+    finally:
+        follower.close()
+        follower_server.close()
+        server.close()
+
+
 def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_computed():
     v0, v1 = versions()
     store = VersionStore()
@@ -430,3 +468,21 @@ def test_a_learner_announces_the_delta_spec_at_once_and_the_snapshot_spec_once_c
     assert [spec.kind for spec in full] == ["delta", "snapshot"]
     assert store.chunk_specs(1, quick=True) == full  # cached now
     assert store.payload("snapshot", 0) is None  # an older version's snapshot is not encoded for whoever asks
+
+
+def test_a_learner_holds_the_snapshot_back_until_its_delta_went_out_or_for_a_while(monkeypatch):
+    v0, v1 = versions()
+    store = VersionStore()
+    store.book.chunk_bytes = CHUNK
+    store.add(0, v0)
+    assert store.snapshot_due(0)  # no delta to it: new samplers need the snapshot at once
+    store.add(1, v1)
+    delta = store.chunk_specs(1, quick=True)[0]
+    assert not store.snapshot_due(1)
+    for index in range(delta.count):
+        assert not store.snapshot_due(1)  # part of the delta went out: the learner is still needed for the rest
+        assert claim_chunk(store.book, chunk_request(delta, index, 0.0, relays=True), f"sampler{index % 3}") is None
+    assert store.snapshot_due(1)  # every chunk went to a relaying peer once
+    store.add(2, versions()[0])
+    monkeypatch.setattr(versions_module, "SNAPSHOT_DEFER_S", 0.0)
+    assert store.snapshot_due(2)  # held back no longer than this

@@ -4,10 +4,11 @@ Peers that fetch the same payload at the same time share the work out, the scatt
 scheme of pipelined broadcast: the payload's chunks are dealt round-robin among them (stripes).
 Each fetches its own stripe from peers that hold the whole payload (relays first, the learner
 last) and every other chunk from the peer whose stripe it is, which serves it as soon as it has it
-(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way). So the learner uploads
-about one copy however many peers fetch, each fetching peer uploads (n-1)/n of a copy, and a
-version reaches n peers in about one transfer time plus a chunk per hop: every downlink carries
-one copy, every uplink less than one.
+(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way), round by round and each
+round from the owner after it on (`turn`), so that no owner is asked by every peer at once. So
+the learner uploads about one copy however many peers fetch, each fetching peer uploads (n-1)/n
+of a copy, and a version reaches n peers in about one transfer time plus a chunk per hop: every
+downlink carries one copy, every uplink less than one.
 
 Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
 whose newest held version is the one before (they fetch the delta) or that hold none (the
@@ -47,7 +48,7 @@ OWNER_WAIT_S = 8.0  # how long a stripe's owner may take to have a chunk (it fet
 OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the rest of the fetch
 OWNER_BUSY = 20  # busy answers in a row from an owner after which its chunks are fetched from whole holders
 WHOLE_WORKERS = 2  # requests at once to whole holders (the learner's default upload slots)
-SHARED_WORKERS = 4  # requests at once to other stripes' owners
+SHARED_WORKERS = 8  # requests at once to other stripes' owners: a round's worth among 8 sharers (4 left owners idle)
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
 STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
@@ -116,10 +117,23 @@ class ChunkedFetch:
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
         self.redirected = 0  # chunk requests a whole holder sent to the peer it had sent the chunk to
         self.relays = me in self.sharers  # this peer serves what it receives (holders may send others here)
+        # the owner this peer asks first in each round (turn): the one after it, or any when it does not share
+        self._first_owner = (self.sharers.index(me) + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1))
         self.partial: Partial | None = None
 
     def owner(self, index: int) -> str | None:
         return self.sharers[index % len(self.sharers)] if self.sharers else None
+
+    def turn(self, index: int) -> tuple[int, int]:
+        """When to ask for chunk `index`: round by round (an owner fetches its stripe in order, one
+        chunk per round), each round from the owner after this peer on. Were every peer to ask in
+        index order, all would queue at the same few owners at once while the other owners' uplinks
+        sat idle; rotated, each owner serves about as many requests as any other at every moment
+        (the rotated order of ring all-gathers)."""
+        if not self.sharers:
+            return 0, index
+        lap, owner = divmod(index, len(self.sharers))
+        return lap, (owner - self._first_owner) % len(self.sharers)
 
     def run(self) -> Partial:
         """The complete, verified payload (a Partial still served from `book`: call book.end(it)
@@ -127,7 +141,7 @@ class ChunkedFetch:
         manifest = self._manifest()
         # the queues first: a peer asking for a chunk the moment the partial is served must find its
         # index queued already, or adopting it would queue it a second time (two workers, two copies)
-        for index in range(self.spec.count):
+        for index in sorted(range(self.spec.count), key=self.turn):
             owner = self.owner(index)
             (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
         self.partial = partial = self.book.begin(self.spec, *manifest, wanted=self._adopt)

@@ -203,6 +203,11 @@ class Takers:
         self._lock = threading.Lock()
         self.redirected = 0  # requests sent to an earlier taker
 
+    def taken(self, key: tuple[str, int, str]) -> int:
+        """How many chunks of payload `key` went to a relaying peer (as far as remembered)."""
+        with self._lock:
+            return len(self._taken.get(key, ()))
+
     def claim(self, key: tuple[str, int, str], index: int, taker: str, *, relays: bool, force: bool) -> str | None:
         """The peer to send `taker` to for chunk `index` of payload `key` (kind, version, root), or
         None: send it here, and `taker` (if it relays) becomes the chunk's taker, in the same step:
@@ -242,6 +247,10 @@ class ChunkBook:
         self._cond = threading.Condition()
         self._waiters = 0
         self.takers = Takers()
+        # hears (kind, version) of each request for a payload neither held nor being received here:
+        # a peer that started fetching a version asks this one for its stripe, which tells a follower
+        # that has not looked at the announcements since that a version is out (VersionFollower.nudge)
+        self.on_unheld: Callable[[str, int], None] | None = None
 
     def spec(self, kind: str, version: int) -> ChunkSpec | None:
         """The spec of a complete payload held here (what a learner announces), or None."""
@@ -270,6 +279,12 @@ class ChunkBook:
                 while len(self._manifests) > 3:
                     self._manifests.popitem(last=False)
         return found if root is None or found[0].root == root else None
+
+    def sent_out(self, kind: str, version: int) -> bool:
+        """Whether every chunk of the complete payload held here went to a relaying peer at least
+        once: the swarm can then pass it all on without this peer."""
+        spec = self.cached_spec(kind, version)
+        return spec is not None and self.takers.taken((kind, version, spec.root)) >= spec.count
 
     def holds_whole(self, kind: str, version: int, root: str) -> bool:
         """Whether the complete payload with `root` is held here (not one being received)."""
@@ -306,6 +321,7 @@ class ChunkBook:
                 wait_s = 0.0
             self._waiters += 1
         deadline = time.monotonic() + min(max(wait_s, 0.0), MAX_WAIT_S)
+        told = False
         try:
             while True:
                 found = self._complete(kind, version, root)
@@ -320,6 +336,9 @@ class ChunkBook:
                 with self._cond:
                     partial = self._partials.get((kind, version))
                     if partial is None or partial.spec.root != root:
+                        if not told and partial is None and self.on_unheld is not None:
+                            told = True
+                            self.on_unheld(kind, version)
                         left = deadline - time.monotonic()
                         if left <= 0:
                             return None

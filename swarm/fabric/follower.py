@@ -9,7 +9,10 @@ transfers they serve at once (the learner's upload budget); a busy holder is pas
 next, and when all are busy the sampler asks again shortly, by when the peers that fetched it
 first serve it too. Every payload is checked against the hash the learner signed, so a relay can
 delay a version but never change it: a holder that sends one that does not verify is shunned for
-a while and the version is fetched from another.
+a while and the version is fetched from another. A follower asked for a chunk of a version newer
+than any it has seen looks at the announcements at once (`nudge`): a peer that starts on a version
+asks the others for their stripes straight away, so they start a round trip or two after the
+first, not up to a poll later.
 
 For experiments on one machine, the pickup of a version can be delayed by a random number of
 seconds (`pickup_delay`, the paper's log-normal latency model) and generation can lag a fixed
@@ -39,6 +42,7 @@ MAX_RELAYS_TRIED = 3  # relays asked per attempt before the learner: a swarm of 
 BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random wait in this range, doubling
 BUSY_RETRY_MAX_S = 5.0  # with each busy round in a row, up to this
 PROGRESS_AFTER_S = 2.0  # a fetch shows its progress once it has taken this long (deltas of small models never do)
+NUDGE_GAP_S = 0.05  # a nudged look at the announcements comes at least this long after the last (a flood costs little)
 
 
 def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
@@ -118,7 +122,9 @@ class VersionFollower:
         self.progress = progress  # hears the bytes of a fetch that takes a while
         self.on_fetch, self.poll_s, self.relay, self.chunked = on_fetch, poll_s, relay, chunked and relay
         self.client = fabric.weight_client(**({"max_payload_bytes": max_payload_bytes} if max_payload_bytes else {}))
-        self._manifests = ThreadPoolExecutor(1, thread_name_prefix="manifest")  # asked while the members are looked up
+        # round trips run beside the one the follower waits for: the manifest while the members are
+        # looked up, and after a nudge the members while the announcements are
+        self._aside = ThreadPoolExecutor(2, thread_name_prefix="follower-aside")
         self.ready_at: dict[int, float] = {}
         self.newest: int | None = None  # newest version announced
         self.learner_peer: str | None = None  # the peer that announced it
@@ -126,12 +132,22 @@ class VersionFollower:
         self.sampling = None  # the run's sampling settings (RunSampling), as last announced
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
         self.stop = threading.Event()
+        self._wake = threading.Event()  # set by `nudge`: look at the announcements now, not at the next poll
         self._failures = 0
         self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
         self._struck: dict[str, float] = {}  # of those, the ones that sent data that does not verify
+        store.book.on_unheld = self.nudge
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
         self._thread.start()
+
+    def nudge(self, kind: str, version: int) -> None:
+        """A peer asked this one for a payload of `version`: when that is newer than the newest
+        announced one seen here, another peer started fetching a version this one has not seen yet
+        (it asks its stripes' owners at once). Looking at the announcements now instead of at the
+        next poll starts every sharer within a round trip of the first, not up to a poll later."""
+        if self.newest is None or version > self.newest:
+            self._wake.set()
 
     def _is_shunned(self, peer: str) -> bool:
         return self._shunned.get(peer, 0.0) > time.monotonic()
@@ -161,16 +177,17 @@ class VersionFollower:
             logger.debug("member lookup failed: %s", exc)
             return []
 
-    def _fetch(self, ann: Announced, unreachable) -> FetchResult:
+    def _fetch(self, ann: Announced, unreachable, members: Future | None = None) -> FetchResult:
         """The announced version from its holders; when they are all busy, the newest of the
         versions just before it (their hashes are signed in the same announcement) that a relay
         holds and that is newer than what this peer has: while the newest spreads, a sampler moves
-        on from relays instead of waiting in line at the learner."""
+        on from relays instead of waiting in line at the learner. `members`: their lookup, begun
+        already (after a nudge)."""
         spec = self._chunk_spec(ann) if self.chunked else None
         # the manifest from the learner while the membership lookup runs: in turn, these two round
         # trips put the last of 8 samplers' first chunk 0.5 s after an announcement (0.26 s alone)
-        manifest = self._manifests.submit(self.client.piece, ann.peer_id, spec, None, 0.0) if spec else None
-        members = self._members()
+        manifest = self._aside.submit(self.client.piece, ann.peer_id, spec, None, 0.0) if spec else None
+        members = members.result() if members is not None else self._members()
         chunked = self._fetch_chunked(ann, spec, members, unreachable, manifest) if spec else None
         if chunked is not None:
             return chunked
@@ -246,8 +263,13 @@ class VersionFollower:
 
     def _run(self) -> None:
         unreachable = self.fabric.unreachable_errors()
-        busy_in_a_row = 0
+        busy_in_a_row, nudged = 0, False
         while not self.stop.is_set():
+            self._wake.clear()  # a nudge from now on brings the next look forward
+            looked = time.monotonic()
+            # nudged: a version is out that this peer has not seen, so the members (who shares it)
+            # are looked up beside the announcements rather than after them
+            members, nudged = self._aside.submit(self._members) if nudged else None, False
             try:
                 ann = self.fabric.latest_announced(self.keys)
             except Exception as exc:  # noqa: BLE001  a lookup hiccup: try again next poll
@@ -258,7 +280,7 @@ class VersionFollower:
                 self.learner_peers = ann.peers or (ann.peer_id,)
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
-                        fetched = self._fetch(ann, unreachable)
+                        fetched = self._fetch(ann, unreachable, members)
                     except HolderBusy as exc:  # the version is spreading: ask again soon, no failure
                         busy_in_a_row += 1
                         self.last_error = str(exc)
@@ -277,7 +299,9 @@ class VersionFollower:
                         if fetched.version < ann.version:
                             self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))  # the newest is still spreading
                         continue  # look again at once: the learner may be further ahead already
-            self.stop.wait(self.poll_s)
+            nudged = self._wake.wait(self.poll_s)
+            if nudged:
+                self.stop.wait(max(0.0, looked + NUDGE_GAP_S - time.monotonic()))
 
     def _fetched(self, fetched: FetchResult) -> None:
         self._failures, self.last_error = 0, None
@@ -319,6 +343,9 @@ class VersionFollower:
 
     def close(self) -> None:
         self.stop.set()
+        self._wake.set()
         self._thread.join(timeout=30)
-        self._manifests.shutdown(wait=False, cancel_futures=True)
+        if self.store.book.on_unheld == self.nudge:
+            self.store.book.on_unheld = None
+        self._aside.shutdown(wait=False, cancel_futures=True)
         self.client.close()

@@ -65,6 +65,7 @@ HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
 WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
 SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
 RECEIVE_PIECE_BYTES = 1 << 20  # a whole payload is read in pieces of this size when its progress is followed
+SNAPSHOT_DEFER_S = 10.0  # the longest a learner holds back a new version's snapshot while its delta goes out
 
 
 def send_deadline(size: int) -> float:
@@ -195,6 +196,7 @@ class VersionStore:
         self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
         self.hashes: dict[int, str] = {}
         self._snapshot: tuple[int, bytes] | None = None  # the last snapshot encoded: new peers ask for the same one
+        self._added_at: dict[int, float] = {}  # version -> when it was added (time.monotonic)
         self.book = ChunkBook(self.payload)  # what this peer serves in chunks (and receives, while it does)
 
     @property
@@ -217,11 +219,13 @@ class VersionStore:
                 delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
             self.states[version] = state
             self.hashes[version] = digest
+            self._added_at[version] = time.monotonic()
             if delta is not None:
                 self.deltas[version] = delta
             while len(self.states) > self.capacity:
                 old, _ = self.states.popitem(last=False)
                 self.hashes.pop(old, None)
+                self._added_at.pop(old, None)
             for v in [v for v in self.deltas if v not in self.states]:
                 del self.deltas[v]
             return digest
@@ -259,6 +263,20 @@ class VersionStore:
             if state is None or (version != self.latest and (cached is None or cached[0] != version)):
                 return None
         return self._snapshot_of(version, state)
+
+    def snapshot_due(self, version: int) -> bool:
+        """Whether a learner should encode and hash the snapshot of `version` now (chunk_specs
+        without `quick`): not while the delta to it goes out for the first time, unless that takes
+        SNAPSHOT_DEFER_S. Samplers one version behind, nearly all, wait for the delta, and encoding
+        a whole model beside it held up the learner's part of it: with 8 samplers on 100 Mbit/s
+        links, its first 16 chunks of a 9.7 MB delta went out at half the link's rate
+        (benchmarks/fanout_wan.py). Once every chunk of the delta went to a relaying peer, the swarm
+        passes it on without the learner."""
+        with self.lock:
+            if version not in self.deltas or self.book.cached_spec("snapshot", version) is not None:
+                return True
+            added = self._added_at.get(version, 0.0)
+        return self.book.sent_out("delta", version) or time.monotonic() - added >= SNAPSHOT_DEFER_S
 
     def chunk_specs(self, version: int, *, quick: bool = False) -> list[ChunkSpec]:
         """The chunk specs of the delta to `version` (when held) and of its snapshot: what a
