@@ -74,7 +74,7 @@ def learner(args) -> None:
             chunks = store.chunk_specs(version, quick=version > 0) if args.chunked else []
             fabric.announce(version, digest, recent=recent, chunks=chunks)
             fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
-            if args.chunked and not any(spec.kind == "snapshot" for spec in chunks) and store.snapshot_due(version):
+            if args.chunked and store.snapshot_due(version):
                 store.chunk_specs(version)
                 pulse.poke()
 

@@ -223,7 +223,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
                                    since_step_s=time.time() - last_step))
         if team is not None:
             team.refresh(start=False)  # lets new learners in; the training loop starts averaging
-        if not any(spec.kind == "snapshot" for spec in chunks) and pulse is not None and store.snapshot_due(version):
+        if pulse is not None and store.snapshot_due(version):
             store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
             pulse.poke()
 

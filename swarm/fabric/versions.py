@@ -266,14 +266,16 @@ class VersionStore:
 
     def snapshot_due(self, version: int) -> bool:
         """Whether a learner should encode and hash the snapshot of `version` now (chunk_specs
-        without `quick`): not while the delta to it goes out for the first time, unless that takes
-        SNAPSHOT_DEFER_S. Samplers one version behind, nearly all, wait for the delta, and encoding
+        without `quick`): not once done, nor while the delta to it goes out for the first time,
+        unless that takes SNAPSHOT_DEFER_S. Samplers one version behind, nearly all, wait for the delta, and encoding
         a whole model beside it held up the learner's part of it: with 8 samplers on 100 Mbit/s
         links, its first 16 chunks of a 9.7 MB delta went out at half the link's rate
         (benchmarks/fanout_wan.py). Once every chunk of the delta went to a relaying peer, the swarm
         passes it on without the learner."""
+        if self.book.cached_spec("snapshot", version) is not None:
+            return False
         with self.lock:
-            if version not in self.deltas or self.book.cached_spec("snapshot", version) is not None:
+            if version not in self.deltas:
                 return True
             added = self._added_at.get(version, 0.0)
         return self.book.sent_out("delta", version) or time.monotonic() - added >= SNAPSHOT_DEFER_S
