@@ -150,11 +150,13 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
     run_dir = tmp_path / "demo"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # started with SIGINT ignored, as a job started with `&` by a script or under nohup is: the demo
-    # must still stop on it
-    demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--groups-per-step", "2", "--num-generations", "2",
-                             "--eval-problems", "20", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    # must still stop on it. The shell ignores it and execs the demo (an ignored signal stays ignored
+    # across exec); a preexec_fn would fork this test process, which may hold gRPC channels, and
+    # grpcio aborts such children (see swarm/cli/launcher.py)
+    demo = subprocess.Popen(["sh", "-c", 'trap "" INT; exec "$@"', "sh", *SWARM, "demo", "--steps", "1000",
+                             "--groups-per-step", "2", "--num-generations", "2", "--eval-problems", "20",
+                             "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     steps = run_dir / "learner" / "steps.jsonl"
     try:
         deadline = time.time() + 300
@@ -172,6 +174,29 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
             demo.kill()
             demo.wait(timeout=30)
         for proc in peer_processes_of(run_dir):
+            proc.kill()
+
+
+def test_peers_started_by_a_launcher_end_when_it_is_killed(tmp_path):
+    """A launcher (here a script using LocalSwarm, as `swarm demo` does) SIGKILLed: its bootstrap
+    node, which it started, is told to stop by Linux and leaves no process behind."""
+    import psutil
+
+    script = ("import sys, time; from pathlib import Path; from swarm.cli.launcher import LocalSwarm;"
+              "swarm = LocalSwarm(Path(sys.argv[1])); print(swarm.start_bootstrap(), flush=True); time.sleep(600)")
+    launcher = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout.readline().startswith("/ip4/127.0.0.1/")  # the bootstrap is up
+        started = peer_processes_of(tmp_path)
+        assert any(p.ppid() == launcher.pid for p in started)  # the bootstrap, the launcher's child
+        launcher.kill()
+        launcher.wait(timeout=30)
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:  # on failure, what this test started
+        if launcher.poll() is None:
+            launcher.kill()
+        for proc in peer_processes_of(tmp_path):
             proc.kill()
 
 

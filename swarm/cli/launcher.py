@@ -25,14 +25,28 @@ from swarm.runlog import wait_ready
 SWARM = [sys.executable, "-m", "swarm.cli"]
 
 
-def _die_with_parent() -> None:
-    """Child-side: ask Linux to SIGTERM this process when the launcher dies."""
+# The launcher's pid, handed to each peer it starts: the peer asks Linux to SIGTERM it when the
+# launcher dies. The peer does this itself at start-up (`die_with_launcher`) rather than in a Popen
+# preexec_fn, because a preexec_fn makes Python fork instead of vfork: the child then runs the
+# parent's fork handlers, and grpcio 1.80 and later abort such a child when the parent holds gRPC
+# channels ("Epoll1Poller ... epoll_wait error: Bad file descriptor", grpc/grpc#43055), as a test
+# process that has run gRPC peers does.
+LAUNCHER_PID_ENV = "GEPO_SWARM_LAUNCHER_PID"
+
+
+def die_with_launcher() -> None:
+    """Peer-side, at start-up: SIGTERM this process when the launcher that started it dies."""
+    launcher = os.environ.pop(LAUNCHER_PID_ENV, None)  # popped: the peer's own children are not tied to it
+    if launcher is None or sys.platform != "linux":
+        return  # started by hand, or not Linux: stop() still cleans up on a normal exit or Ctrl-C
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
-        pass  # not Linux: stop() still cleans up on a normal exit or Ctrl-C
+        return
+    if os.getppid() != int(launcher):  # the launcher died before the line above: the signal never comes
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass
@@ -67,11 +81,12 @@ class LocalSwarm:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
-                   MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false")
+                   MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false",
+                   **{LAUNCHER_PID_ENV: str(os.getpid())})
         extra = ("--run-dir", str(run_dir)) if run_dir is not None else ()
         with log.open("w") as out:
             popen = subprocess.Popen([*SWARM, *args, *extra], stdout=out, stderr=subprocess.STDOUT, env=env, text=True,
-                                     start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                     start_new_session=True)
         proc = Proc(name, popen, log, run_dir)
         self.procs.append(proc)
         return proc
