@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from swarm.config import SwarmSettings, default_of
+from swarm.fabric.chunked_fetch import SharerView
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.identity import decode_learner_key, encode_learner_key
 from swarm.fabric.pulse import Pulse
@@ -72,13 +73,14 @@ def learner(args) -> None:
             # as the learner peer does: the delta's spec at once, the snapshot's at the next beat once the
             # delta went out (the first version, which every receiver fetches as a snapshot, is announced with it)
             chunks = store.chunk_specs(version, quick=version > 0) if args.chunked else []
-            fabric.announce(version, digest, recent=recent, chunks=chunks)
+            fabric.announce(version, digest, recent=recent, chunks=chunks, sharers=sharers.announced(version, chunks))
             fabric.heartbeat(Heartbeat(role="learner", version=version, holds=holds))
             if args.chunked and store.snapshot_due(version):
                 store.chunk_specs(version)
                 pulse.poke()
 
     store.add(0, staged[0])
+    sharers = SharerView(fabric)
     server = fabric.weight_server(store)
     pulse = Pulse(beat, HEARTBEAT_S)
     out = Path(args.dir)
@@ -88,6 +90,7 @@ def learner(args) -> None:
         for version in (0, 1):
             if version not in announced and (out / f"go{version}").exists():
                 if version == 1:
+                    sharers.publishing(1)  # as the learner peer does: who fetches the delta, looked up beside its encoding
                     store.add(1, staged[1])  # encodes the delta from version 0, as a learner's publish does
                 announced.append(version)
                 write_json_atomic(out / f"announced{version}.json", {"time": time.time()})
@@ -95,6 +98,7 @@ def learner(args) -> None:
         write_json_atomic(out / "served.json", {"served": server.served, "busy": server.slots.refused,
                                                 "bytes": server.bytes_served})
     pulse.close()
+    sharers.close()
     server.close()
     fabric.shutdown()
 

@@ -85,6 +85,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.config import write_config
     from swarm.dashboard import peer_dashboard
     from swarm.fabric.bans import PeerBans
+    from swarm.fabric.chunked_fetch import SharerView
     from swarm.fabric.interface import JoinError
     from swarm.fabric.identity import encode_learner_key
     from swarm.fabric.pulse import Pulse
@@ -215,7 +216,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
             version = store.latest
             digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
         chunks = store.chunk_specs(version, quick=True)
-        fabric.announce(version, digest, sampling, recent, chunks)
+        fabric.announce(version, digest, sampling, recent, chunks, sharers.announced(version, chunks))
         fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
                                    rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds,
                                    certificate=getattr(fabric, "certificate", ""), heartbeat_s=fabric.heartbeat_s,
@@ -233,6 +234,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
                                f"Resume from the last checkpoint in {run_dir / 'checkpoints'} with a lower --learning-rate")
+        sharers.publishing(core.version)  # who fetches its delta, looked up while it is encoded
         store.add(core.version, state)
         # atomic: a torn file would let a resumed learner announce an older version number
         write_json_atomic(run_dir / "published.json", {"version": core.version, "hash": store.hashes[core.version]})
@@ -261,6 +263,8 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         events.event("checkpoint", version=core.version, path=str(path))
         echo(f"checkpoint: {path}")
 
+    # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
+    sharers = SharerView(fabric)
     pulse = None
     publish()
     # announcements and the membership record on their own schedule: a step longer than a record's
@@ -352,6 +356,7 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
         raise
     finally:
         pulse.close()
+        sharers.close()
         if team is not None:
             team.close()
         steps.close()

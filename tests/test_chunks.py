@@ -31,6 +31,7 @@ from swarm.fabric.chunks import (
     spec_of,
 )
 import swarm.fabric.versions as versions_module
+from swarm.fabric.chunked_fetch import SharerView
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.pulse import Pulse
 from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
@@ -84,6 +85,21 @@ def test_an_announcement_keeps_only_its_own_versions_well_formed_chunk_specs():
     ann = VersionAnnouncement.of("run", 3, "a" * 64, "peer", 0.0, RunSampling(), chunks=[spec, other])
     assert ann.chunk_specs == {"delta": spec}  # a spec of another version is not announced with this one
     assert VersionAnnouncement.parse_obj({**ann.dict(), "chunks": []}).chunk_specs == {}
+
+
+def test_an_announcement_names_a_bounded_sorted_list_of_sharers_that_followers_read_back():
+    from pydantic.v1 import ValidationError
+
+    from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
+    from swarm.fabric.versions import newest_authorised
+
+    many = [f"peer-{i:03d}" for i in range(MAX_ANNOUNCED_SHARERS + 10)] + ["peer-001"]
+    ann = VersionAnnouncement.of("run", 3, "a" * 64, "learner", 0.0, RunSampling(), sharers=reversed(many))
+    assert ann.sharers == sorted(set(many))[:MAX_ANNOUNCED_SHARERS]  # deduplicated, sorted, bounded
+    assert newest_authorised([(b"key", ann.dict())], [b"key"], "run").sharers == tuple(ann.sharers)
+    for bad in ([""], ["x" * 129], sorted(set(many)), [3]):  # empty, too long, too many, not a string
+        with pytest.raises(ValidationError):
+            VersionAnnouncement.parse_obj({**ann.dict(), "sharers": bad})
 
 
 def test_a_partial_payload_is_served_as_it_fills_and_a_waiting_request_gets_the_chunk_when_it_arrives():
@@ -335,6 +351,14 @@ class Sampler:
         self.fabric, self.store = fabric, VersionStore()
         self.server = fabric.weight_server(self.store)
         self.results = []
+        self.lookups, self.lookups_at_fetch = 0, []  # membership lookups, in all and by each fetch's end
+        listing = fabric.members
+
+        def members():
+            self.lookups += 1
+            return listing()
+
+        fabric.members = members
         self.pulse = Pulse(self.beat, 0.5)
         self.follower = VersionFollower(fabric, self.store, [learner_key], SecondsDelay.parse("none"),
                                         random.Random(index), echo=lambda m: None, on_fetch=self.fetched, poll_s=0.2)
@@ -346,6 +370,7 @@ class Sampler:
 
     def fetched(self, result):
         self.results.append(result)
+        self.lookups_at_fetch.append(self.lookups)
         self.pulse.poke()
 
     def close(self):
@@ -364,7 +389,8 @@ def wait_until(condition, timeout: float, what: str):
 def share_out(make_fabric, corrupt: bool):
     """A learner and three samplers (the first serving corrupt chunks when `corrupt`): the
     snapshot of version 0 and the delta to version 1 in chunks. Returns (learner store, its
-    server, its peer id, the samplers, payload sizes)."""
+    server, its peer id, the samplers, payload sizes and the sharers named in version 1's
+    announcement). The learner names the delta's sharers as the learner peer does (SharerView)."""
     learner_fabric = make_fabric(heartbeat_s=0.5)
     store = VersionStore()
     store.book.chunk_bytes = CHUNK
@@ -381,15 +407,20 @@ def share_out(make_fabric, corrupt: bool):
     wait_until(lambda: sum(m.record.relay for m in learner_fabric.members()) == 3, 30, "three relaying samplers")
     v0, v1 = versions()
     sizes = {}
+    view = SharerView(learner_fabric)
     for version, state in ((0, v0), (1, v1)):
+        view.publishing(version)
         store.add(version, state)
         specs = store.chunk_specs(version)
         sizes[version] = {s.kind: s.size for s in specs}
-        learner_fabric.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=specs)
+        sizes["sharers"] = view.announced(version, specs)
+        learner_fabric.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=specs,
+                                sharers=sizes["sharers"])
         wait_until(lambda: all(s.store.latest == version for s in samplers), 90, f"version {version} everywhere")
         # the next payload is shared out only among peers whose records say they hold this one
         wait_until(lambda: all(version in m.record.holds for m in learner_fabric.members() if m.record.role == "sampler"),
                    30, "records listing the version")
+    view.close()
     return store, server, learner_fabric.peer_id, samplers, sizes
 
 
@@ -397,6 +428,9 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
     store, server, learner, samplers, sizes = share_out(make_fabric, corrupt=False)
     try:
         assert sizes[0]["snapshot"] > 50 * CHUNK and sizes[1]["delta"] > 10 * CHUNK  # many chunks each
+        # the learner named the delta's sharers, so no sampler looked the members up for it
+        assert sizes["sharers"] == sorted(s.fabric.peer_id for s in samplers)
+        assert all(s.lookups_at_fetch[1] == s.lookups_at_fetch[0] >= 1 for s in samplers)
         for sampler in samplers:
             assert state_hash(sampler.store.states[1]) == store.hashes[1]
             assert [r.kinds for r in sampler.results] == [["snapshot"], ["delta"]]

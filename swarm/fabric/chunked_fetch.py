@@ -12,7 +12,10 @@ downlink carries one copy, every uplink less than one.
 
 Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
 whose newest held version is the one before (they fetch the delta) or that hold none (the
-snapshot). Views differ by a heartbeat at most, so nothing depends on them being right: a peer
+snapshot). For a delta the learner reads them when it publishes and names them in its signed
+announcement (`SharerView`): every sampler then deals the stripes out among the same peers and
+starts without a membership lookup of its own (which put the last of 8 samplers' start 0.1-0.26 s
+later on loaded cores). Views differ by a heartbeat at most, so nothing depends on them being right: a peer
 asked for a chunk it is not fetching itself fetches it next from a whole holder (`_adopt`: two
 peers that each take the other for a chunk's owner would otherwise both wait out OWNER_WAIT_S);
 a chunk whose owner does not deliver within its wait or cannot be reached is fetched from a whole
@@ -34,11 +37,12 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial, Redirected
+from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
 from swarm.fabric.upload_slots import HolderBusy
 from swarm.fabric.versions import send_deadline
 from swarm.fabric.weight_delta import CorruptVersion
@@ -55,6 +59,7 @@ STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version i
 # how long the peer a whole holder redirects to may take to have the chunk (it took it from that
 # holder a moment ago, or is taking it now)
 REDIRECT_WAIT_S = 4.0
+MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's membership lookup (then names no sharers)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -84,6 +89,43 @@ def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool)
     if me_relays:
         found.add(me)
     return sorted(found)
+
+
+class SharerView:
+    """A learner's view of who fetches its newest delta: the members are looked up when it
+    publishes a version (`publishing`, beside encoding the delta) and read when it announces it
+    (`announced`), the same list at every announcement of that version."""
+
+    def __init__(self, fabric) -> None:
+        self.fabric = fabric
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sharer-view")
+        self._lookup: tuple[int, Future] | None = None
+        self._named: tuple[int, list[str]] | None = None
+
+    def publishing(self, version: int) -> None:
+        self._lookup = (version, self._pool.submit(self.fabric.members))
+
+    def announced(self, version: int, chunks) -> list[str]:
+        """The sharers to name in the announcement of `version` (chunks: what it announces); none
+        without a delta, or when the lookup failed (samplers then look the members up themselves)."""
+        if self._named is not None and self._named[0] == version:
+            return self._named[1]
+        delta = next((spec for spec in chunks if spec.kind == "delta" and spec.version == version), None)
+        lookup = self._lookup
+        if delta is None or lookup is None or lookup[0] != version:
+            return []
+        try:
+            members = lookup[1].result(timeout=MEMBERS_WAIT_S)
+        except Exception as exc:  # noqa: BLE001  a lookup hiccup: the samplers look for themselves
+            logger.debug("member lookup for version %d failed: %s", version, exc)
+            members = None
+        named = sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False)[:MAX_ANNOUNCED_SHARERS] \
+            if members is not None else []
+        self._named = (version, named)
+        return named
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ChunkedFetch:

@@ -421,11 +421,12 @@ class GrpcFabric:
         return members_from(listed)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
+                 sharers: Sequence[str] = ()) -> bool:
         from swarm.fabric.records import VersionAnnouncement
 
         payload = pack(VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling,
-                                                recent, chunks).dict())
+                                                recent, chunks, sharers=sharers).dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))

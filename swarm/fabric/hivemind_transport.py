@@ -68,10 +68,11 @@ class HivemindFabric:
         return list_members(self.dht, self.run_id)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
+                 sharers: Sequence[str] = ()) -> bool:
         from swarm.fabric.versions import announce
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks,
+        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks, sharers,
                         certificate=self.certificate)
 
     def learner_group(self, parameters, **options):

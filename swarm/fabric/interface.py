@@ -97,10 +97,12 @@ class Fabric(Protocol):
         """Current, unexpired members of the run, sorted by role and peer id."""
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
-                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = ()) -> bool:  # noqa: B006
+                 recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
+                 sharers: Sequence[str] = ()) -> bool:
         """Announce a published version, the run's sampling settings, the hashes of the versions
-        just before it (`recent`, version -> hash) and how its payloads are chunked (`chunks`:
-        VersionStore.chunk_specs), under this peer's signing key."""
+        just before it (`recent`, version -> hash), how its payloads are chunked (`chunks`:
+        VersionStore.chunk_specs) and who fetches its delta in chunks (`sharers`:
+        chunked_fetch.announced_sharers), under this peer's signing key."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

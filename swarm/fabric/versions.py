@@ -112,6 +112,7 @@ class Announced:
     recent: dict[int, str] = field(default_factory=dict)  # signed hashes of the versions just before it
     chunks: dict[str, ChunkSpec] = field(default_factory=dict)  # kind -> how its payloads are chunked
     peers: tuple[str, ...] = ()  # every authorised learner announcing this version and hash (peer ids)
+    sharers: tuple[str, ...] = ()  # who fetches its delta in chunks, by the learner (VersionAnnouncement.sharers)
 
 
 @dataclass
@@ -137,13 +138,13 @@ class FetchResult:
 
 
 def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
-             recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (), *,  # noqa: B006
+             recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (), sharers: Sequence[str] = (), *,  # noqa: B006
              certificate: str = "", expiry_s: float = 60.0) -> bool:
     from hivemind.utils import get_dht_time
 
     now = get_dht_time()
     value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent,
-                                   chunks, certificate).dict()
+                                   chunks, certificate, sharers).dict()
     return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
 
 
@@ -182,7 +183,8 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
     # the newest version; among its announcers the owner's first, then the earliest announcement
     best = max(valid, key=lambda item: (item[1].version, item[0] in allowed, -item[1].time))[1]
     peers = tuple(sorted({ann.peer_id for _, ann in valid if ann.version == best.version and ann.hash == best.hash}))
-    return Announced(best.version, best.hash, best.peer_id, best.sampling, best.recent_hashes, best.chunk_specs, peers)
+    return Announced(best.version, best.hash, best.peer_id, best.sampling, best.recent_hashes, best.chunk_specs, peers,
+                     tuple(best.sharers))
 
 
 class VersionStore:
