@@ -10,12 +10,7 @@ from swarm.cli.authorize import authorize_command, learner_key_command
 from swarm.cli.dashboard import dashboard_command
 from swarm.cli.launcher import die_with_launcher
 from swarm.cli.local_commands import demo_command, eval_command, plot_command
-from swarm.cli.peer_commands import (
-    bootstrap_command,
-    learner_command,
-    sampler_command,
-    status_command,
-)
+from swarm.cli.peer_commands import bootstrap_command, learner_command, sampler_command, status_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial, Redirected
-from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
 from swarm.fabric.upload_slots import HolderBusy
 from swarm.fabric.versions import send_deadline
 from swarm.fabric.weight_delta import CorruptVersion
@@ -106,8 +105,9 @@ class SharerView:
         self._lookup = (version, self._pool.submit(self.fabric.members))
 
     def announced(self, version: int, chunks) -> list[str]:
-        """The sharers to name in the announcement of `version` (chunks: what it announces); none
-        without a delta, or when the lookup failed (samplers then look the members up themselves)."""
+        """The sharers to name in the announcement of `version` (chunks: what it announces; the
+        announcement bounds the list); none without a delta, or when the lookup failed (samplers
+        then look the members up themselves)."""
         if self._named is not None and self._named[0] == version:
             return self._named[1]
         delta = next((spec for spec in chunks if spec.kind == "delta" and spec.version == version), None)
@@ -119,8 +119,7 @@ class SharerView:
         except Exception as exc:  # noqa: BLE001  a lookup hiccup: the samplers look for themselves
             logger.debug("member lookup for version %d failed: %s", version, exc)
             members = None
-        named = sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False)[:MAX_ANNOUNCED_SHARERS] \
-            if members is not None else []
+        named = sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False) if members is not None else []
         self._named = (version, named)
         return named
 

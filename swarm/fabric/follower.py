@@ -133,6 +133,7 @@ class VersionFollower:
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
         self.stop = threading.Event()
         self._wake = threading.Event()  # set by `nudge`: look at the announcements now, not at the next poll
+        self._members_aside = False  # set by a nudge for a snapshot: look the members up beside the announcements
         self._failures = 0
         self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
@@ -147,6 +148,8 @@ class VersionFollower:
         (it asks its stripes' owners at once). Looking at the announcements now instead of at the
         next poll starts every sharer within a round trip of the first, not up to a poll later."""
         if self.newest is None or version > self.newest:
+            # a snapshot's sharers are read from the members; a delta's come named in its announcement
+            self._members_aside = self._members_aside or kind == "snapshot"
             self._wake.set()
 
     def _is_shunned(self, peer: str) -> bool:
@@ -177,12 +180,16 @@ class VersionFollower:
             logger.debug("member lookup failed: %s", exc)
             return []
 
+    def _listing(self, pending: Future | None) -> list:
+        """The members: `pending`'s answer (a lookup begun already), else looked up now."""
+        return pending.result() if pending is not None else self._members()
+
     def _fetch(self, ann: Announced, unreachable, members: Future | None = None) -> FetchResult:
         """The announced version from its holders; when they are all busy, the newest of the
         versions just before it (their hashes are signed in the same announcement) that a relay
         holds and that is newer than what this peer has: while the newest spreads, a sampler moves
         on from relays instead of waiting in line at the learner. `members`: their lookup, begun
-        already (after a nudge)."""
+        already (after a nudge for a snapshot)."""
         spec = self._chunk_spec(ann) if self.chunked else None
         # the manifest from the learner while the membership lookup runs: in turn, these two round
         # trips put the last of 8 samplers' first chunk 0.5 s after an announcement (0.26 s alone)
@@ -191,15 +198,13 @@ class VersionFollower:
         # announced, and the named sharers own the stripes (the members are looked up only if the
         # chunks fail and the version is fetched whole)
         named = list(ann.sharers) if spec is not None and spec.kind == "delta" and ann.sharers else None
-        if named is None:
-            members = members.result() if members is not None else self._members()
-        chunked = self._fetch_chunked(ann, spec, members if named is None else [], unreachable, manifest, named) \
-            if spec else None
+        listed = self._listing(members) if named is None else []
+        chunked = self._fetch_chunked(ann, spec, listed, unreachable, manifest, named) if spec else None
         if chunked is not None:
             return chunked
         if named is not None:
-            members = members.result() if members is not None else self._members()
-        holders = holders_for(ann, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
+            listed = self._listing(members)
+        holders = holders_for(ann, listed, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
         task = self._task(f"fetching version {ann.version}", None)
         self.client.on_received = task.advance if task is not None else None
         try:
@@ -209,7 +214,7 @@ class VersionFollower:
             mine = self.store.latest if self.store.latest is not None else -1
             for version in sorted((v for v in ann.recent if v > mine), reverse=True):
                 older = Announced(version, ann.recent[version], ann.peer_id, ann.sampling)
-                relays = holders_for(older, members, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)[:-1]
+                relays = holders_for(older, listed, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)[:-1]
                 if relays:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
                                               on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
@@ -276,9 +281,10 @@ class VersionFollower:
         while not self.stop.is_set():
             self._wake.clear()  # a nudge from now on brings the next look forward
             looked = time.monotonic()
-            # nudged: a version is out that this peer has not seen, so the members (who shares it)
-            # are looked up beside the announcements rather than after them
-            members, nudged = self._aside.submit(self._members) if nudged else None, False
+            # nudged for a snapshot: one is out that this peer has not seen, so the members (who
+            # shares it) are looked up beside the announcements rather than after them
+            aside, self._members_aside = nudged and self._members_aside, False
+            members, nudged = self._aside.submit(self._members) if aside else None, False
             try:
                 ann = self.fabric.latest_announced(self.keys)
             except Exception as exc:  # noqa: BLE001  a lookup hiccup: try again next poll

@@ -102,7 +102,7 @@ class Fabric(Protocol):
         """Announce a published version, the run's sampling settings, the hashes of the versions
         just before it (`recent`, version -> hash), how its payloads are chunked (`chunks`:
         VersionStore.chunk_specs) and who fetches its delta in chunks (`sharers`:
-        chunked_fetch.announced_sharers), under this peer's signing key."""
+        chunked_fetch.SharerView), under this peer's signing key."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

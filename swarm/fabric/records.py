@@ -21,7 +21,7 @@ from swarm.fabric.authority import MAX_CERTIFICATE_CHARS
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
 MAX_HOLDS_LISTED = 16  # versions a membership record lists as held (the newest)
-# sharers of a delta an announcement names (chunked_fetch.announced_sharers): a stripe each; the
+# sharers of a delta an announcement names (chunked_fetch.SharerView): a stripe each; the
 # delta is cut into about 32 chunks, so more would own none
 MAX_ANNOUNCED_SHARERS = 64
 MAX_SECONDS = 1e9  # a duration in a record (about 30 years): bounds what a peer may claim
@@ -142,7 +142,7 @@ class VersionAnnouncement(BaseModel):
     # an announcement by a learner other than the run owner carries the owner's certificate for it
     certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
     # the peers that fetch this version's delta in chunks, by the learner's view of the members
-    # (chunked_fetch.announced_sharers): every sampler deals the stripes out among the same peers,
+    # (chunked_fetch.SharerView): every sampler deals the stripes out among the same peers,
     # and none has to look the members up before it starts
     sharers: conlist(constr(min_length=1, max_length=128, strict=True), max_items=MAX_ANNOUNCED_SHARERS) = []
 
@@ -150,7 +150,8 @@ class VersionAnnouncement(BaseModel):
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
            recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
            certificate: str = "", sharers: Sequence[str] = ()) -> "VersionAnnouncement":
-        return cls(certificate=certificate, sharers=sorted(set(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id, version=version, hash=digest, peer_id=peer_id, time=float(now),
+        return cls(certificate=certificate, sharers=sorted(set(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id,
+                   version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
                    max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
                    recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version],
