@@ -251,6 +251,8 @@ class ChunkBook:
         # a peer that started fetching a version asks this one for its stripe, which tells a follower
         # that has not looked at the announcements since that a version is out (VersionFollower.nudge)
         self.on_unheld: Callable[[str, int], None] | None = None
+        # takes each announcement a learner pushes here (announcement_push): True when it verified
+        self.on_pushed: Callable[[dict], bool] | None = None
 
     def spec(self, kind: str, version: int) -> ChunkSpec | None:
         """The spec of a complete payload held here (what a learner announces), or None."""

@@ -28,6 +28,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
+from swarm.fabric.announcement_push import read_push
 from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.upload_slots import HolderBusy
@@ -138,7 +139,10 @@ class VersionFollower:
         self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
         self._struck: dict[str, float] = {}  # of those, the ones that sent data that does not verify
+        self._pushed: Announced | None = None  # a learner's pushed announcement, newer than the newest seen
+        self._push_lock = threading.Lock()
         store.book.on_unheld = self.nudge
+        store.book.on_pushed = self.pushed
         self._thread = threading.Thread(target=self._run, name="version-follower", daemon=True)
         self._thread.start()
 
@@ -151,6 +155,24 @@ class VersionFollower:
             # a snapshot's sharers are read from the members; a delta's come named in its announcement
             self._members_aside = self._members_aside or kind == "snapshot"
             self._wake.set()
+
+    def pushed(self, request: dict) -> bool:
+        """A learner pushed its announcement here (announcement_push): when it verifies and names a
+        version newer than any seen here, that version is fetched now, neither a poll nor a lookup
+        later. False when it does not verify."""
+        ann = read_push(request, self.keys, self.fabric.run_id)
+        if ann is None:
+            return False
+        with self._push_lock:
+            if (self.newest is None or ann.version > self.newest) and (self._pushed is None or ann.version > self._pushed.version):
+                self._pushed = ann
+                self._wake.set()
+        return True
+
+    def _take_pushed(self) -> Announced | None:
+        with self._push_lock:
+            pushed, self._pushed = self._pushed, None
+        return pushed if pushed is not None and (self.newest is None or pushed.version > self.newest) else None
 
     def _is_shunned(self, peer: str) -> bool:
         return self._shunned.get(peer, 0.0) > time.monotonic()
@@ -285,8 +307,9 @@ class VersionFollower:
             # shares it) are looked up beside the announcements rather than after them
             aside, self._members_aside = nudged and self._members_aside, False
             members, nudged = self._aside.submit(self._members) if aside else None, False
+            ann = self._take_pushed()
             try:
-                ann = self.fabric.latest_announced(self.keys)
+                ann = ann or self.fabric.latest_announced(self.keys)
             except Exception as exc:  # noqa: BLE001  a lookup hiccup: try again next poll
                 logger.debug("announcement lookup failed: %s", exc)
                 ann = None
@@ -315,7 +338,7 @@ class VersionFollower:
                             self.stop.wait(self.rng.uniform(*BUSY_RETRY_S))  # the newest is still spreading
                         continue  # look again at once: the learner may be further ahead already
             nudged = self._wake.wait(self.poll_s)
-            if nudged:
+            if nudged and self._pushed is None:  # (a push is taken at once: it needs no look)
                 self.stop.wait(max(0.0, looked + NUDGE_GAP_S - time.monotonic()))
 
     def _fetched(self, fetched: FetchResult) -> None:
@@ -362,5 +385,7 @@ class VersionFollower:
         self._thread.join(timeout=30)
         if self.store.book.on_unheld == self.nudge:
             self.store.book.on_unheld = None
+        if self.store.book.on_pushed == self.pushed:
+            self.store.book.on_pushed = None
         self._aside.shutdown(wait=False, cancel_futures=True)
         self.client.close()

@@ -38,6 +38,7 @@ from swarm.fabric.grpc_common import (
     unpack,
     verify_owner_signature,
 )
+from swarm.fabric.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
 from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.grpc_weights import WEIGHTS, GrpcWeightClient, GrpcWeightServer
@@ -302,6 +303,7 @@ class GrpcFabric:
         self._dialable = serve
         self.key_id = key_id(owner_key(signing_key))
         self.channels = _Channels()
+        self.pusher = AnnouncementPusher(signing_key, lambda: self.weight_client(timeout_s=PUSH_TIMEOUT_S))
         self.server = GrpcPeerServer(host, port, run_id) if serve else None
         # the key id alone until the address others dial is known (an observer serves nothing and keeps it)
         self.signer = RequestSigner(signing_key, run_id, self.key_id)
@@ -425,8 +427,10 @@ class GrpcFabric:
                  sharers: Sequence[str] = ()) -> bool:
         from swarm.fabric.records import VersionAnnouncement
 
-        payload = pack(VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling,
-                                                recent, chunks, sharers=sharers).dict())
+        announcement = VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling, recent,
+                                              chunks, sharers=sharers)
+        self.pusher.push(announcement)  # the named sharers hear of it first, while the registry stores it
+        payload = pack(announcement.dict())
         reply = self._call("Announce", {"run_id": self.run_id, "owner": self.public_key, "payload": payload,
                                         "signature": self.signing_key.sign(payload)})
         return bool(reply.get("ok"))
@@ -459,6 +463,7 @@ class GrpcFabric:
         return (grpc.RpcError, ConnectionError, TimeoutError, OSError, StopIteration)
 
     def shutdown(self) -> None:
+        self.pusher.close()
         if self.server is not None:
             self.server.stop()
         self.channels.close()

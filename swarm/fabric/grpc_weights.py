@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from swarm.fabric.announcement_push import PUSH_OP, answer_push
 from swarm.fabric.chunks import chunk_answer, slot_share, takes_slot
 from swarm.fabric.grpc_common import CHUNK_BYTES, SERVICE, RequestSigner, pack, unpack
 from swarm.fabric.upload_slots import UploadSlots
@@ -35,6 +36,9 @@ class GrpcWeightServer:
         server.weight_handler = self._handle
 
     def _handle(self, request: dict, who: str = "", peer: str = ""):
+        if request.get("op") == PUSH_OP:  # a learner's announcement
+            yield pack(answer_push(self.store.book.on_pushed, request))
+            return
         if "op" in request:  # a manifest or a chunk
             yield from self._chunk(request, who, peer)
             return
@@ -101,6 +105,20 @@ class GrpcWeightClient(RebuildingClient):
 
     def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
         return self._call(holder, request, None, request["version"], timeout, single=size)[0]
+
+    def tell(self, peer: str, request: dict, timeout: float) -> dict:
+        """`peer`'s answer to a request that brings no payload back (a pushed announcement)."""
+        body = pack(request)
+        call = self._channels.get(peer).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
+        messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))
+        try:
+            first = next(messages, None)
+            if first is None or len(first) > HEADER_LIMIT:
+                return {}
+            answer = unpack(first)
+            return answer if isinstance(answer, dict) else {}
+        finally:
+            messages.cancel()
 
     def _call(self, holder: str, request: dict, have: int | None, want: int, timeout: float,
               single: int | None = None) -> list[bytes]:

@@ -24,7 +24,8 @@ class HivemindFabric:
     transport = "hivemind"
 
     def __init__(self, dht, validator, run_id: str, *, heartbeat_s: float, announced: Sequence[str] = (),
-                 upload_slots: int | None = None, client_mode: bool = False) -> None:
+                 upload_slots: int | None = None, client_mode: bool = False, signing_key=None) -> None:
+        from swarm.fabric.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
         from swarm.fabric.records import MembershipPublisher
 
         self.dht, self.validator, self.run_id = dht, validator, run_id
@@ -32,6 +33,10 @@ class HivemindFabric:
         self._owned: list = []  # inboxes, servers and clients made here: closed on shutdown
         self.certificate = ""  # a learner other than the run owner: the owner's certificate, carried in announcements
         self._members = MembershipPublisher(dht, run_id, validator.local_public_key, heartbeat_s=heartbeat_s)
+        # the key that signs this peer's DHT records, to sign its pushed announcements alike (None:
+        # an observer's fabric, which announces nothing)
+        self.pusher = self._own(AnnouncementPusher(signing_key, lambda: self.weight_client(timeout_s=PUSH_TIMEOUT_S))) \
+            if signing_key is not None else None
 
     @property
     def peer_id(self) -> str:
@@ -70,10 +75,14 @@ class HivemindFabric:
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
                  sharers: Sequence[str] = ()) -> bool:
-        from swarm.fabric.versions import announce
+        from swarm.fabric.records import VersionAnnouncement
+        from swarm.fabric.versions import store_announcement
 
-        return announce(self.dht, self.run_id, self.public_key, version, digest, sampling, recent, chunks, sharers,
-                        certificate=self.certificate)
+        announcement = VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, self.now(), sampling, recent,
+                                              chunks, self.certificate, sharers)
+        if self.pusher is not None:
+            self.pusher.push(announcement)  # the named sharers hear of it first, while the DHT stores it
+        return store_announcement(self.dht, self.public_key, announcement)
 
     def learner_group(self, parameters, **options):
         """This learner's place in the run's gradient-averaging group (several learners)."""

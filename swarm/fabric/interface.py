@@ -66,6 +66,7 @@ class WeightClient(Protocol):
 @runtime_checkable
 class Fabric(Protocol):
     transport: str  # "hivemind" or "grpc"
+    run_id: str  # the run it joined
 
     @property
     def peer_id(self) -> str:
@@ -102,7 +103,8 @@ class Fabric(Protocol):
         """Announce a published version, the run's sampling settings, the hashes of the versions
         just before it (`recent`, version -> hash), how its payloads are chunked (`chunks`:
         VersionStore.chunk_specs) and who fetches its delta in chunks (`sharers`:
-        chunked_fetch.SharerView), under this peer's signing key."""
+        chunked_fetch.SharerView), under this peer's signing key. The named sharers are also sent
+        it directly, once per version (announcement_push), so they start without a poll."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

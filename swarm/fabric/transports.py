@@ -61,7 +61,7 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
                                announce_maddrs=announced, use_auto_relay=auto_relay, client_mode=client_mode,
                                identity_path=p2p_key, reclaim_identity=p2p_key is not None, signing_key=signing_key)
     fabric = HivemindFabric(dht, validator, run_id, heartbeat_s=heartbeat_s, announced=announced, upload_slots=upload_slots,
-                            client_mode=client_mode)
+                            client_mode=client_mode, signing_key=signing_key)
     fabric.signing_key_path = key_path
     return fabric
 

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import msgpack
 import torch
 
+from swarm.fabric.announcement_push import PUSH_OP, answer_push
 from swarm.fabric.chunks import (
     MAX_PEER_ID_CHARS,
     MAX_WAITERS,
@@ -62,7 +63,7 @@ class OversizedPayload(CorruptVersion):
 
 
 HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
-WEIGHT_REQUEST_LIMIT = 4096  # a weight request is {have, want}
+WEIGHT_REQUEST_LIMIT = 64 * 1024  # {have, want}, a chunk request, or a pushed announcement (announcement_push)
 SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
 RECEIVE_PIECE_BYTES = 1 << 20  # a whole payload is read in pieces of this size when its progress is followed
 SNAPSHOT_DEFER_S = 10.0  # the longest a learner holds back a new version's snapshot while its delta goes out
@@ -137,15 +138,10 @@ class FetchResult:
         return fields
 
 
-def announce(dht, run_id: str, public_key_subkey: bytes, version: int, digest: str, sampling: RunSampling,
-             recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (), sharers: Sequence[str] = (), *,  # noqa: B006
-             certificate: str = "", expiry_s: float = 60.0) -> bool:
-    from hivemind.utils import get_dht_time
-
-    now = get_dht_time()
-    value = VersionAnnouncement.of(run_id, version, digest, dht.peer_id.to_base58(), now, sampling, recent,
-                                   chunks, certificate, sharers).dict()
-    return bool(dht.store(versions_key(run_id), subkey=public_key_subkey, value=value, expiration_time=now + expiry_s))
+def store_announcement(dht, public_key_subkey: bytes, announcement: VersionAnnouncement, *, expiry_s: float = 60.0) -> bool:
+    """Store a learner's announcement in the DHT under its key (signed there by the DHT's validator)."""
+    return bool(dht.store(versions_key(announcement.run_id), subkey=public_key_subkey, value=announcement.dict(),
+                          expiration_time=announcement.time + expiry_s))
 
 
 def latest_announced(dht, run_id: str, learner_keys: Iterable[bytes]) -> Announced | None:
@@ -323,6 +319,11 @@ class WeightServer:
                 return
             try:  # whatever a requester sends, it gets an answer, never an exception in this handler
                 request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
+                if isinstance(request, dict) and request.get("op") == PUSH_OP:  # a learner's announcement
+                    answer = await asyncio.get_running_loop().run_in_executor(
+                        self._waits, answer_push, self.store.book.on_pushed, request)  # a signature to check: off the loop
+                    await P2P.send_raw_data(msgpack.packb(answer), writer)
+                    return
                 if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
                     await self._chunk(request, writer, str(stream_info.peer_id))
                     return
@@ -509,6 +510,23 @@ class WeightClient(RebuildingClient):
 
     def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
         return self._client.run(self._request(holder, request, None, request["version"], size), timeout=timeout)[0]
+
+    def tell(self, peer, request: dict, timeout: float) -> dict:
+        """`peer`'s answer to a request that brings no payload back (a pushed announcement)."""
+        return self._client.run(self._told(peer, request), timeout=timeout)
+
+    async def _told(self, peer_id, request: dict) -> dict:
+        from hivemind.p2p import P2P
+
+        reader, writer = await self._client.open(peer_id)
+        try:
+            await P2P.send_raw_data(msgpack.packb(request), writer)
+            size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER), peer_id,
+                                      HEADER_LIMIT)
+            answer = msgpack.unpackb(await reader.readexactly(size), raw=False)
+            return answer if isinstance(answer, dict) else {}
+        finally:
+            writer.close()
 
     async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None) -> list[bytes]:
         """The payloads a holder sends for `request`: have -> want's, or (`single`) one answer of
