@@ -4,13 +4,13 @@ and, on real swarms over both transports, that a named sampler fetches the versi
 no look at the announcements, while a stranger's push changes nothing."""
 
 import random
-import threading
 import time
 
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.fabric.announcement_push import (
+    MAX_PUSH_AGE_S,
     MAX_PUSH_BYTES,
     PUSH_OP,
     AnnouncementPusher,
@@ -19,7 +19,7 @@ from swarm.fabric.announcement_push import (
     read_push,
 )
 from swarm.fabric.follower import VersionFollower
-from swarm.fabric.grpc_common import owner_key
+from swarm.fabric.grpc_common import owner_key, pack, verify_owner_signature
 from swarm.fabric.records import RunSampling, VersionAnnouncement
 from swarm.fabric.versions import VersionStore
 from swarm.staleness import SecondsDelay
@@ -27,8 +27,8 @@ from swarm.staleness import SecondsDelay
 RUN = "push-test"
 
 
-def announcement(version: int = 3, run_id: str = RUN, sharers=("peer-a", "peer-b")) -> VersionAnnouncement:
-    return VersionAnnouncement.of(run_id, version, "ab" * 32, "learner-peer", time.time(), RunSampling(),
+def announcement(version: int = 3, run_id: str = RUN, sharers=("peer-a", "peer-b"), age_s: float = 0.0) -> VersionAnnouncement:
+    return VersionAnnouncement.of(run_id, version, "ab" * 32, "learner-peer", time.time() - age_s, RunSampling(),
                                   chunks=(), sharers=sharers)
 
 
@@ -46,10 +46,16 @@ def test_a_push_is_read_only_when_its_signature_holds_for_a_key_that_may_publish
     assert read_push(push_request(stranger, announcement()), keys, RUN) is None
     assert read_push(posing, keys, RUN) is None
     assert read_push(push_request(learner, announcement(run_id="other-run")), keys, RUN) is None
-    # malformed fields, and more bytes than an announcement can take
+    # signed longer ago than an announcement lives (a replay after a restart), or in the future
+    assert read_push(push_request(learner, announcement(age_s=MAX_PUSH_AGE_S - 5)), keys, RUN) is not None
+    assert read_push(push_request(learner, announcement(age_s=MAX_PUSH_AGE_S + 5)), keys, RUN) is None
+    assert read_push(push_request(learner, announcement(age_s=-3 * MAX_PUSH_AGE_S)), keys, RUN) is None
+    # malformed fields, and more bytes than an announcement can take, however well signed
     assert read_push(dict(good, payload="text"), keys, RUN) is None
     assert read_push({"op": PUSH_OP}, keys, RUN) is None
-    assert read_push(dict(good, signature=good["signature"] + b"x" * MAX_PUSH_BYTES), keys, RUN) is None
+    big = pack(dict(announcement().dict(), padding="x" * MAX_PUSH_BYTES))
+    assert verify_owner_signature(owner_key(learner), big, learner.sign(big))
+    assert read_push(dict(good, payload=big, signature=learner.sign(big)), keys, RUN) is None
 
 
 def test_a_server_answers_a_push_by_what_its_follower_made_of_it():
@@ -64,14 +70,14 @@ def test_a_server_answers_a_push_by_what_its_follower_made_of_it():
     assert not answer_push(broken, request)["ok"]  # an error in the follower is an answer, not a crash
 
 
-def test_a_pusher_sends_each_version_once_to_each_sharer():
-    told, done = [], threading.Event()
+def test_a_pusher_sends_each_version_once_to_each_sharer_and_skips_one_that_did_not_answer():
+    told = []
 
     class Client:
         def tell(self, peer, request, timeout):
             told.append((peer, read_push(request, [owner_key(key)], RUN).version))
-            if len(told) == 2:
-                done.set()
+            if peer == "peer-c":
+                raise ConnectionError("nobody there")
             return {"ok": peer == "peer-a"}
 
     key = RSAPrivateKey()
@@ -81,13 +87,27 @@ def test_a_pusher_sends_each_version_once_to_each_sharer():
         pusher.push(announcement(sharers=()))  # nobody named: no client made, nothing sent
         assert made == []
         for _ in range(3):  # an announcement repeats at every heartbeat
-            pusher.push(announcement(version=3))
-        assert done.wait(10)
-        time.sleep(0.2)
-        assert sorted(told) == [("peer-a", 3), ("peer-b", 3)] and made == [1]
-        assert (pusher.sent, pusher.taken) == (2, 1)
+            pusher.push(announcement(version=3, sharers=("peer-a", "peer-b", "peer-c")))
+        wait_until(lambda: pusher.sent == 3, 10, "three pushes")
+        assert sorted(told) == [("peer-a", 3), ("peer-b", 3), ("peer-c", 3)] and made == [1]
+        assert (pusher.answered, pusher.taken) == (2, 1)  # peer-b refused it, peer-c did not answer
+        pusher.push(announcement(version=4, sharers=("peer-a", "peer-b", "peer-c")))
+        wait_until(lambda: pusher.sent == 5, 10, "the next version's pushes")
+        assert sorted(told[3:]) == [("peer-a", 4), ("peer-b", 4)]  # not to the peer that did not answer
     finally:
         pusher.close()
+
+
+def test_a_pushed_announcement_never_fails_the_announcement():
+    def no_client():
+        raise OSError("no daemon to attach to")
+
+    pusher = AnnouncementPusher(RSAPrivateKey(), no_client)
+    pusher.push(announcement())  # the client fails on the push thread: nothing raised here
+    wait_until(lambda: pusher.sent == 2, 10, "both pushes tried")
+    assert pusher.answered == 0
+    pusher.close()
+    pusher.push(announcement(version=4))  # after close, still no exception
 
 
 class QuietSampler:
@@ -131,17 +151,14 @@ def test_a_named_sampler_fetches_a_pushed_version_without_looking_and_ignores_a_
         # a stranger's signed push names a newer version: refused, and nothing is fetched
         stranger.announce(7, "cd" * 32, sharers=[sampler.fabric.peer_id])
         wait_until(lambda: stranger.pusher.sent == 1, 30, "the stranger's push")
-        assert stranger.pusher.taken == 0 and sampler.follower.newest is None
+        assert (stranger.pusher.answered, stranger.pusher.taken) == (1, 0)  # answered, and refused
+        assert sampler.follower.newest is None
         store.add(0, {"w": torch.arange(64, dtype=torch.float32)})
-        started = time.monotonic()
         assert learner.announce(0, store.hashes[0], sharers=[sampler.fabric.peer_id])
+        # long before its next look, a minute on, and with no look at the announcements
         wait_until(lambda: sampler.store.latest == 0, 30, "the pushed version at the sampler")
-        assert time.monotonic() - started < 30  # long before its next look, a minute on
-        assert sampler.looks_at_fetch == [1]  # fetched with no look at the announcements
+        assert sampler.looks_at_fetch == [1]
         assert learner.pusher.taken == 1
-        learner.announce(0, store.hashes[0], sharers=[sampler.fabric.peer_id])  # the next heartbeat's
-        time.sleep(0.5)
-        assert learner.pusher.sent == 1  # pushed once per version
     finally:
         sampler.close()
         server.close()

@@ -51,7 +51,7 @@ OWNER_WAIT_S = 8.0  # how long a stripe's owner may take to have a chunk (it fet
 OWNER_MISSES = 2  # owners that miss this many chunks are passed over for the rest of the fetch
 OWNER_BUSY = 20  # busy answers in a row from an owner after which its chunks are fetched from whole holders
 WHOLE_WORKERS = 2  # requests at once to whole holders by a peer fetching alone (the learner's default upload slots)
-# ... and by each of several sharers: their requests together keep the learner's uplink busy, and
+# ... and by each of several sharers (for its own stripe): their requests together keep the learner's uplink busy, and
 # one at a time each owner's stripe comes chunk by chunk at its share of that uplink instead of
 # two chunks at half of it, so the chunks the other sharers wait for reach their owners sooner
 # (8 samplers, 100 Mbit/s, 9.7 MB delta: the first chunks reached their owners 0.15-0.3 s after
@@ -164,7 +164,7 @@ class ChunkedFetch:
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
         self.redirected = 0  # chunk requests a whole holder sent to the peer it had sent the chunk to
         self.relays = me in self.sharers  # this peer serves what it receives (holders may send others here)
-        self.whole_workers = SHARED_WHOLE_WORKERS if len(self.sharers) > 1 else WHOLE_WORKERS
+        self.whole_workers = SHARED_WHOLE_WORKERS if self.relays and len(self.sharers) > 1 else WHOLE_WORKERS
         # the owner this peer asks first in each round (turn): the one after it, or any when it does not share
         self._first_owner = (self.sharers.index(me) + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1))
         self.partial: Partial | None = None

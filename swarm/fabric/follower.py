@@ -307,15 +307,18 @@ class VersionFollower:
             # shares it) are looked up beside the announcements rather than after them
             aside, self._members_aside = nudged and self._members_aside, False
             members, nudged = self._aside.submit(self._members) if aside else None, False
-            ann = self._take_pushed()
+            pushed = self._take_pushed()
             try:
-                ann = ann or self.fabric.latest_announced(self.keys)
+                ann = pushed or self.fabric.latest_announced(self.keys)
             except Exception as exc:  # noqa: BLE001  a lookup hiccup: try again next poll
                 logger.debug("announcement lookup failed: %s", exc)
                 ann = None
             if ann is not None:
                 self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
-                self.learner_peers = ann.peers or (ann.peer_id,)
+                peers = ann.peers or (ann.peer_id,)
+                # a push names only the learner that sent it: any other learner announcing the version
+                # stays where rollouts may go until the next look (right after the fetch)
+                self.learner_peers = tuple(sorted(set(self.learner_peers) | set(peers))) if ann is pushed else peers
                 if self.store.latest is None or ann.version > self.store.latest:
                     try:
                         fetched = self._fetch(ann, unreachable, members)

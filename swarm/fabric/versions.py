@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import msgpack
 import torch
 
-from swarm.fabric.announcement_push import PUSH_OP, answer_push
+from swarm.fabric.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
 from swarm.fabric.chunks import (
     MAX_PEER_ID_CHARS,
     MAX_WAITERS,
@@ -304,6 +304,8 @@ class WeightServer:
         # chunk requests wait (for a chunk still on its way, for a slot) on threads of their own,
         # never on the event loop that serves every stream
         self._waits = ThreadPoolExecutor(MAX_WAITERS + 4, thread_name_prefix="chunk-wait")
+        self._pushes = ThreadPoolExecutor(1, thread_name_prefix="push-check")
+        self._pending_pushes = 0
         self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -320,9 +322,7 @@ class WeightServer:
             try:  # whatever a requester sends, it gets an answer, never an exception in this handler
                 request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
                 if isinstance(request, dict) and request.get("op") == PUSH_OP:  # a learner's announcement
-                    answer = await asyncio.get_running_loop().run_in_executor(
-                        self._waits, answer_push, self.store.book.on_pushed, request)  # a signature to check: off the loop
-                    await P2P.send_raw_data(msgpack.packb(answer), writer)
+                    await P2P.send_raw_data(msgpack.packb(await self._push_answer(request)), writer)
                     return
                 if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
                     await self._chunk(request, writer, str(stream_info.peer_id))
@@ -360,6 +360,18 @@ class WeightServer:
         finally:
             writer.close()
 
+    async def _push_answer(self, request: dict) -> dict:
+        """The answer to a pushed announcement, its signature checked on a thread of its own (off the
+        loop, and off the chunk requests' threads); busy while MAX_PENDING_PUSHES wait already."""
+        if self._pending_pushes >= MAX_PENDING_PUSHES:
+            return {"ok": False, "busy": True, "reason": "busy: too many pushed announcements wait here", "count": 0}
+        self._pending_pushes += 1  # (only ever changed on the loop)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pushes, answer_push, self.store.book.on_pushed,
+                                                                    request)
+        finally:
+            self._pending_pushes -= 1
+
     async def _chunk(self, request: dict, writer, peer: str) -> None:
         from hivemind.p2p import P2P
 
@@ -388,6 +400,7 @@ class WeightServer:
     def close(self) -> None:
         self._host.close()
         self._waits.shutdown(wait=False, cancel_futures=True)
+        self._pushes.shutdown(wait=False, cancel_futures=True)
 
 
 def refuse_unless_ok(header: dict, holder, want: int) -> None:
