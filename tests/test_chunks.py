@@ -91,7 +91,7 @@ def test_an_announcement_names_a_bounded_sorted_list_of_sharers_that_followers_r
     from pydantic.v1 import ValidationError
 
     from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
-    from swarm.fabric.versions import newest_authorised
+    from swarm.fabric.announcements import newest_authorised
 
     many = [f"peer-{i:03d}" for i in range(MAX_ANNOUNCED_SHARERS + 10)] + ["peer-001"]
     ann = VersionAnnouncement.of("run", 3, "a" * 64, "learner", 0.0, RunSampling(), sharers=reversed(many))

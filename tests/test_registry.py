@@ -27,7 +27,7 @@ from swarm.fabric.grpc_common import (
 from swarm.fabric.grpc_peer import GrpcFabric
 from swarm.fabric.grpc_registry import PAGE_SIZE, Registry, serve_registry, stop_registry
 from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
-from swarm.fabric.versions import newest_authorised
+from swarm.fabric.announcements import newest_authorised
 
 RUN = "registry-test"
 

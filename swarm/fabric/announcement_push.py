@@ -13,7 +13,7 @@ A pushed announcement is signed as the registry stores one (grpc_common: the lea
 `[owner:...]` key, the msgpack payload and its RSA signature), on both transports, and a receiver
 trusts it no more than one it looked up: the signature must hold for the key it names, and that
 key must be one the follower was given or carry the run owner's certificate
-(versions.newest_authorised). A push that does not verify is refused and changes nothing. One
+(announcements.newest_authorised). A push that does not verify is refused and changes nothing. One
 signed longer ago than an announcement lives in the swarm (plus the clock skew allowed between
 peers) is refused too: a former sharer replaying an old push after the learner restarted cannot
 send samplers after a version that is gone. A push is only a head start: a sampler's next look at
@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
+from swarm.fabric.announcements import Announced, newest_authorised
 from swarm.fabric.grpc_common import MAX_CLOCK_SKEW_S, owner_key, pack, unpack, verify_owner_signature
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ MAX_PENDING_PUSHES = 8  # pushes a sampler checks one by one; beyond, it answers
 PUSH_BACKOFF_S = 60.0  # a sharer that did not answer a push is not pushed to again for this long
 REMEMBERED_PUSHES = 4  # versions whose push is remembered as done (an announcement repeats at every heartbeat)
 # how old a pushed announcement may be: as long as one lives in the DHT or the registry
-# (versions.store_announcement's expiry), plus the skew allowed between peers' clocks
+# (announcements.store_announcement's expiry), plus the skew allowed between peers' clocks
 MAX_PUSH_AGE_S = 60.0 + MAX_CLOCK_SKEW_S
 
 
@@ -54,14 +55,12 @@ def push_request(signing_key, announcement) -> dict:
     return {"op": PUSH_OP, "owner": owner_key(signing_key), "payload": payload, "signature": signing_key.sign(payload)}
 
 
-def read_push(request: dict, learner_keys: Iterable[bytes], run_id: str, now: float | None = None):
+def read_push(request: dict, learner_keys: Iterable[bytes], run_id: str, now: float | None = None) -> Announced | None:
     """The Announced a push carries when its signature holds, its key may publish `run_id`'s
     versions (as for a looked-up announcement) and it was signed within MAX_PUSH_AGE_S of `now`
     (this peer's clock), else None. A key other than `learner_keys` is honoured only with a
     certificate in the payload, and only that case unpacks the payload before its signature is
     checked: a stranger's flood costs no signature checks."""
-    from swarm.fabric.versions import newest_authorised
-
     learner_keys = list(learner_keys)
     fields = [request.get(name) for name in ("owner", "payload", "signature")]
     if not all(isinstance(f, bytes) for f in fields) or sum(map(len, fields)) > MAX_PUSH_BYTES:

@@ -29,10 +29,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
 from swarm.fabric.announcement_push import read_push
+from swarm.fabric.announcements import Announced
 from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.upload_slots import HolderBusy
-from swarm.fabric.versions import Announced, FetchResult, VersionStore
+from swarm.fabric.versions import FetchResult, VersionStore
 from swarm.fabric.weight_delta import CorruptVersion
 from swarm.progress import Progress, ProgressTask
 

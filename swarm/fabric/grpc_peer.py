@@ -39,13 +39,14 @@ from swarm.fabric.grpc_common import (
     verify_owner_signature,
 )
 from swarm.fabric.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
+from swarm.fabric.announcements import Announced, newest_authorised
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
 from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.grpc_weights import WEIGHTS, GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
 from swarm.fabric.rollout_exchange import InboxCore, StreamLimits
-from swarm.fabric.versions import WEIGHT_REQUEST_LIMIT, Announced, newest_authorised
+from swarm.fabric.versions import WEIGHT_REQUEST_LIMIT
 
 logger = logging.getLogger(__name__)
 

@@ -76,7 +76,7 @@ class HivemindFabric:
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
                  sharers: Sequence[str] = ()) -> bool:
         from swarm.fabric.records import VersionAnnouncement
-        from swarm.fabric.versions import store_announcement
+        from swarm.fabric.announcements import store_announcement
 
         announcement = VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, self.now(), sampling, recent,
                                               chunks, self.certificate, sharers)
@@ -91,7 +91,7 @@ class HivemindFabric:
         return self._own(LearnerGroup(self.dht, self.run_id, parameters, **options))
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
-        from swarm.fabric.versions import latest_announced
+        from swarm.fabric.announcements import latest_announced
 
         return latest_announced(self.dht, self.run_id, learner_keys)
 

@@ -12,7 +12,8 @@ from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from swarm.fabric.chunks import ChunkSpec
 from swarm.fabric.records import Heartbeat, Member, RunSampling
-from swarm.fabric.versions import Announced, FetchResult, VersionStore
+from swarm.fabric.announcements import Announced
+from swarm.fabric.versions import FetchResult, VersionStore
 from swarm.rollouts import RolloutGroup
 
 
