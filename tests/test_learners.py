@@ -41,7 +41,7 @@ def test_a_certificate_admits_one_learner_to_one_run_of_one_owner(keys):
 
 def test_announcements_of_certified_learners_count_and_others_do_not(keys):
     from swarm.fabric.records import RunSampling, VersionAnnouncement
-    from swarm.fabric.versions import newest_authorised
+    from swarm.fabric.announcements import newest_authorised
 
     owner, learner, stranger = (subkey_of(keys[k]) for k in ("owner", "learner", "stranger"))
     cert = issue(keys["owner"], "run", learner).token
