@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from swarm.fabric.records import Heartbeat
 from swarm.fabric.transports import join
 from swarm.fabric.versions import VersionStore
 from swarm.runlog import EventLog, write_json_atomic
+from swarm.signals import install_stop_signals
 from swarm.staleness import SecondsDelay
 
 RUN_ID = "fanout"
@@ -53,7 +53,7 @@ def versions(megabytes: float) -> tuple[dict, dict]:
 
 def stopping() -> threading.Event:
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    install_stop_signals(stop)
     return stop
 
 
@@ -126,7 +126,8 @@ def receiver(args) -> None:
                                random.Random(fabric.peer_id), echo=print, on_fetch=fetched, relay=not args.no_relay,
                                chunked=args.chunked, poll_s=0.25)
     write_json_atomic(Path(args.dir) / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id})
-    stop.wait()
+    while not stop.wait(0.2):  # woken by SIGTERM whichever thread the kernel hands it to
+        pass
     follower.close()
     pulse.close()
     server.close()

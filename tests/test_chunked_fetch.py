@@ -66,7 +66,10 @@ def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_w
         # to the first, the second to it: about one copy (two requests may cross in flight), not two
         size = spec.size
         assert sum(f.redirected for f in fetches) > spec.count // 4
-        assert servers[0].bytes_served < 1.3 * size, f"the learner sent {servers[0].bytes_served / size:.2f} copies"
+        assert servers[0].bytes_served < 1.3 * size, (
+            f"the learner sent {servers[0].bytes_served / size:.2f} copies; redirected "
+            f"{[f.redirected for f in fetches]}, failures {[dict(f._failures) for f in fetches]}, "
+            f"misses {[dict(f._misses) for f in fetches]}, busy {[dict(f._busy_answers) for f in fetches]}")
     finally:
         for f in fetches:
             f.client.close()
@@ -96,8 +99,9 @@ def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_hold
         second = fetch(late)
         assert second.run().payload() == store.payload("snapshot", 0)
         assert spec.count <= second.redirected <= spec.count + 4  # every chunk's first request
-        # the gone peer is tried by the requests in flight when it is found gone (2 workers), then passed over
-        assert gone.peer_id in second._dead and 1 <= second._failures[gone.peer_id] <= 2
+        # the gone peer is passed over at its second failure (SHARER_FAILURES), the requests in
+        # flight then (2 workers) failing too: a few requests in all, not one per chunk
+        assert gone.peer_id in second._dead and 2 <= second._failures[gone.peer_id] <= 3
         assert set(second.received) == {learner.peer_id}
         assert 1.9 * spec.size < server.bytes_served < 2.1 * spec.size  # one copy each, nothing twice
         second.client.close()

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from swarm.fabric.records import Heartbeat
 from swarm.fabric.transports import join
 from swarm.fabric.versions import VersionStore
 from swarm.runlog import write_json_atomic
+from swarm.signals import install_stop_signals
 from swarm.staleness import SecondsDelay
 
 
@@ -68,7 +68,7 @@ def serve(args) -> None:
     pulse = Pulse(announce, 0.5) if args.announce else None
     write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "hash": digest, "pid": os.getpid(),
                                            "key": encode_learner_key(fabric.public_key)})
-    stopped().wait()
+    wait_stopped()
     if pulse is not None:
         pulse.close()
     write_json_atomic(out / "served.json", {"served": server.served, "bytes": server.bytes_served})
@@ -76,10 +76,14 @@ def serve(args) -> None:
     fabric.shutdown()
 
 
-def stopped() -> threading.Event:
+def wait_stopped() -> None:
+    """Until SIGTERM. The wait wakes every 0.2 s: a signal the kernel hands to another thread
+    sets the event only once the main thread runs Python again, which a wait without a time-out
+    may never do."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    return stop
+    install_stop_signals(stop)
+    while not stop.wait(0.2):
+        pass
 
 
 def follow(args) -> None:
@@ -109,9 +113,9 @@ def follow(args) -> None:
     follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),
                                random.Random(fabric.peer_id), echo=print, on_fetch=fetched, poll_s=0.25)
     write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "pid": os.getpid()})
-    stopped().wait()
-    write_json_atomic(out / "shunned.json", [peer for peer in follower._shunned if follower._is_shunned(peer)])
-    follower.close()
+    wait_stopped()
+    follower.close()  # first: its thread may shun a peer that is stopping beside this one
+    write_json_atomic(out / "shunned.json", follower.shunned())
     pulse.close()
     server.close()
     fabric.shutdown()

@@ -60,6 +60,10 @@ SHARED_WHOLE_WORKERS = 1
 SHARED_WORKERS = 8  # requests at once to other stripes' owners: a round's worth among 8 sharers (4 left owners idle)
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
+# ... and a sharer: one time-out on a loaded machine (2 cores, a dozen peers) is no sign it left,
+# and passing it over at once sent every chunk it had taken again from the learner (1.58 copies
+# where 1.02 are usual); a gone sharer costs one more failed request
+SHARER_FAILURES = 2
 STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version is then fetched whole)
 # how long the peer a whole holder redirects to may take to have the chunk (it took it from that
 # holder a moment ago, or is taking it now)
@@ -372,7 +376,7 @@ class ChunkedFetch:
         logger.info("peer %s could not serve chunks of %s %d: %s: %s", peer, self.spec.kind, self.spec.version,
                     type(exc).__name__, exc)
         self._failures[peer] += 1
-        if peer not in self.whole or self._failures[peer] >= WHOLE_FAILURES:  # a loaded learner may time out once
+        if self._failures[peer] >= (WHOLE_FAILURES if peer in self.whole else SHARER_FAILURES):
             self._dead.add(peer)
         if self.on_unreachable is not None:
             self.on_unreachable(peer, exc)

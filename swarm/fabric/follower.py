@@ -175,6 +175,11 @@ class VersionFollower:
             pushed, self._pushed = self._pushed, None
         return pushed if pushed is not None and (self.newest is None or pushed.version > self.newest) else None
 
+    def shunned(self) -> list[str]:
+        """The peers not asked for versions now (they sent corrupt data or did not answer)."""
+        now = time.monotonic()
+        return sorted(peer for peer, until in list(self._shunned.items()) if until > now)
+
     def _is_shunned(self, peer: str) -> bool:
         return self._shunned.get(peer, 0.0) > time.monotonic()
 
