@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from benchmarks.waiting import wait_until
 from benchmarks.wan import Host, Wan
 from swarm.cli.launcher import Proc
 from swarm.runlog import read_jsonl, read_ready, wait_ready
@@ -105,10 +106,6 @@ def records(run_dir: Path, name: str = "events.jsonl") -> list[dict]:
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, swarm: WanSwarm | None = None,
              poll_s: float = 0.5) -> None:
-    """Poll `condition` until it holds; AssertionError naming `what` (with the peers' logs) when it never does."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(poll_s)
-    raise AssertionError(f"{what}: not within {timeout:.0f}s" + (f"\n{swarm.logs()}\n{swarm.processes()}" if swarm else ""))
+    """wait_until, with `swarm`'s peer logs and leftover processes in the message when time runs out."""
+    wait_until(condition, timeout, what, every=poll_s,
+               logs=(lambda: f"{swarm.logs()}\n{swarm.processes()}") if swarm is not None else None)

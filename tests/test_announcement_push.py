@@ -9,6 +9,7 @@ import time
 import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
+from benchmarks.waiting import wait_until
 from swarm.fabric.announcement_push import (
     MAX_PUSH_AGE_S,
     MAX_PUSH_BYTES,
@@ -134,11 +135,6 @@ class QuietSampler:
         self.server.close()
 
 
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_named_sampler_fetches_a_pushed_version_without_looking_and_ignores_a_strangers(make_fabric):

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from benchmarks.waiting import wait_until
 from swarm.fabric.chunks import (
     DEFAULT_CHUNK_BYTES,
     DIGEST_BYTES,
@@ -379,11 +380,6 @@ class Sampler:
         self.server.close()
 
 
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def share_out(make_fabric, corrupt: bool):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.waiting import wait_until
 from swarm.dashboard import DashboardServer, Poller, Reading, SwarmView
 from swarm.dashboard.runs import RunDirs
 from swarm.dashboard.state import KEEP_STEPS, MAX_POINTS, MAX_VERSIONS, StepSeries
@@ -253,13 +254,7 @@ def browser_or_skip():
 
 
 def wait_for(condition, timeout_s, what):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return wait_until(condition, timeout_s, what, every=0.5)
 
 
 class HostilePeer:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from benchmarks.waiting import wait_until
 from swarm.fabric.dht import start_dht
 from swarm.fabric.identity import load_or_create_signing_key
 from swarm.fabric.interface import JoinError
@@ -38,12 +39,7 @@ def maddrs(dht):
 
 
 def wait_for(predicate, timeout=20.0, every=0.25):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
+    return wait_until(predicate, timeout, every=every)
 
 
 def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tmp_path):

@@ -7,12 +7,12 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from benchmarks.waiting import wait_until
 from swarm.cli.launcher import LocalSwarm
 from swarm.runlog import read_jsonl
 
@@ -25,15 +25,10 @@ def steps_of(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def wait_until(condition, timeout: float, what: str, swarm: LocalSwarm):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    logs = "\n".join(f"--- {p.name}:\n{p.text()[-1500:]}" for p in swarm.procs)
-    raise AssertionError(f"timed out waiting for {what}\n{logs}")
+def wait_for(condition, timeout: float, what: str, swarm: LocalSwarm):
+    """wait_until, with the peers' last output in the message when time runs out."""
+    return wait_until(condition, timeout, what, every=0.3,
+                      logs=lambda: "\n".join(f"--- {p.name}:\n{p.text()[-1500:]}" for p in swarm.procs))
 
 
 def crash(proc) -> None:
@@ -86,14 +81,14 @@ def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path
     acks, forger = bad_sampler("forger")
     liar_acks, liar = bad_sampler("liar", "--lie")
     try:
-        wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
+        wait_for(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
         crash(doomed)
         killed_at = len(steps_of(run_dir))
         for bad in (forger, liar):
             out, _ = bad.communicate(timeout=240)
             assert bad.returncode == 0, out
         after = len(steps_of(run_dir))
-        wait_until(lambda: len(steps_of(run_dir)) >= after + 2, 120, "two more steps after the forger", swarm)
+        wait_for(lambda: len(steps_of(run_dir)) >= after + 2, 120, "two more steps after the forger", swarm)
         assert swarm.stop(learner) == 0, learner.text()[-3000:]
     finally:
         for bad in (forger, liar):
@@ -124,7 +119,7 @@ def test_learner_killed_and_resumed_continues_without_going_back(swarm, tmp_path
     addr = swarm.start_bootstrap()
     learner, key = swarm.start_learner(addr, "--steps", "12", *options, run_dir=run_dir)
     sampler = swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
-    wait_until(lambda: len(steps_of(run_dir)) >= 5, 240, "five learner steps", swarm)
+    wait_for(lambda: len(steps_of(run_dir)) >= 5, 240, "five learner steps", swarm)
     crash(learner)
     published = json.loads((run_dir / "published.json").read_text())["version"]
     logged = len(steps_of(run_dir))  # a step published just before the kill may not be logged
@@ -155,13 +150,13 @@ def test_swarm_survives_bootstrap_loss_and_joins_through_a_peer(swarm, tmp_path)
                                        run_dir=run_dir)
     learner_addr = learner.ready["addresses"][0]
     swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
-    wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
+    wait_for(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps", swarm)
     crash(swarm.procs[0])  # the bootstrap node
     late = swarm.start_sampler("sampler-late", learner_addr, key, *SAMPLER)
-    wait_until(lambda: any(e["event"] == "sent" and e["accepted"] > 0 for e in read_jsonl(late.run_dir / "events.jsonl")),
+    wait_for(lambda: any(e["event"] == "sent" and e["accepted"] > 0 for e in read_jsonl(late.run_dir / "events.jsonl")),
                240, "the late sampler's groups to be accepted", swarm)
     at_join = len(steps_of(run_dir))
-    wait_until(lambda: len(steps_of(run_dir)) >= at_join + 2, 120, "two more learner steps", swarm)
+    wait_for(lambda: len(steps_of(run_dir)) >= at_join + 2, 120, "two more learner steps", swarm)
     assert swarm.stop(learner) == 0, learner.text()[-3000:]  # SIGTERM: a clean exit with a checkpoint
     versions = [int(s["version"]) for s in steps_of(run_dir)]
     assert versions == list(range(1, len(versions) + 1))

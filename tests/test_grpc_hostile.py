@@ -12,6 +12,7 @@ import time
 import grpc
 import pytest
 import torch
+from benchmarks.waiting import wait_until
 from swarm.fabric.bans import PeerBans
 from swarm.fabric.follower import fetch_from_holders
 from swarm.fabric.grpc_common import (
@@ -202,13 +203,6 @@ class IdleStreams:
         return self.calls[-1]
 
 
-def wait_until(predicate, timeout: float) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture
@@ -241,7 +235,7 @@ def test_idle_streams_past_the_limits_starve_nobody_and_are_cut(swarm, learner_s
     idle = IdleStreams()
     try:
         calls = [idle.open(a, server.address) for a in attackers for _ in range(2)]  # 6 streams, 2 per key; 4 allowed
-        assert wait_until(lambda: sum(c.done() for c in calls) == 2, 5)  # two refused at once ...
+        assert wait_until(lambda: sum(c.done() for c in calls) == 2, 5, every=0.02)  # two refused at once ...
         refused = [c for c in calls if c.done()]
         assert all(c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "4 rollout streams open" in c.details() for c in refused)
         # ... four held open: a weight fetch is still served (the pool keeps a reserve) ...
@@ -253,7 +247,7 @@ def test_idle_streams_past_the_limits_starve_nobody_and_are_cut(swarm, learner_s
         acks = honest.rollout_sender(timeout_s=10).send(server.address, [group("early")])
         assert not acks[0]["ok"] and "try again later" in acks[0]["reason"] and time.time() - started < 2
         # ... and once the idle streams are cut (idle_s = 1.5 s), it is served
-        assert wait_until(lambda: all(c.done() for c in calls), 5)
+        assert wait_until(lambda: all(c.done() for c in calls), 5, every=0.02)
         assert [c.code() for c in calls if c not in refused] == [grpc.StatusCode.CANCELLED] * 4
         assert inbox.stats.reasons["slow sender"] == 4
         assert honest.rollout_sender(timeout_s=10).send(server.address, [group("later")]) == [{"ok": True}]
@@ -272,7 +266,7 @@ def test_cut_streams_give_their_server_threads_back(swarm, learner_server):
     try:
         for _ in range(rounds):
             calls = [idle.open(a, server.address) for a in attackers for _ in range(2)]
-            assert wait_until(lambda: all(c.done() for c in calls), inbox.streams.idle_s + 5)
+            assert wait_until(lambda: all(c.done() for c in calls), inbox.streams.idle_s + 5, every=0.02)
             assert [c.code() for c in calls] == [grpc.StatusCode.CANCELLED] * 4
         assert inbox.stats.reasons["slow sender"] == 4 * rounds > server.workers
         receiver = VersionStore()

@@ -6,16 +6,12 @@ import time
 
 import pytest
 
+from benchmarks.waiting import wait_until
 from swarm.fabric.records import Heartbeat
 
 
 def wait_for(predicate, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.25)
-    return False
+    return wait_until(predicate, timeout, every=0.25)
 
 
 def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):

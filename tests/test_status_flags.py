@@ -2,11 +2,11 @@
 raised when its record says so and not for a healthy swarm; then the fields they read travel through
 both transports' real membership records, and a sampler counts the learner's refusals by kind."""
 
-import time
 from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.waiting import wait_until
 from swarm.fabric.records import REFUSALS, Heartbeat, MemberRecord, Refusals, refusal_category
 from swarm.health import (LATE_HEARTBEATS, PICKUP_S, REFUSED_IN_A_ROW, STALL_FACTOR, STALL_MIN_S, status_flags,
                           swarm_args)
@@ -179,12 +179,7 @@ def test_record_bounds_refuse_claims_out_of_range():
 
 
 def wait_for(predicate, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.25)
-    return False
+    return wait_until(predicate, timeout, every=0.25)
 
 
 def test_status_fields_travel_in_real_records_and_raise_flags(make_fabric):
