@@ -135,8 +135,6 @@ class QuietSampler:
         self.server.close()
 
 
-
-
 def test_a_named_sampler_fetches_a_pushed_version_without_looking_and_ignores_a_strangers(make_fabric):
     learner, stranger = make_fabric(), make_fabric()
     sampler = QuietSampler(make_fabric(), learner.public_key)

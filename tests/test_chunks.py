@@ -380,8 +380,6 @@ class Sampler:
         self.server.close()
 
 
-
-
 def share_out(make_fabric, corrupt: bool):
     """A learner and three samplers (the first serving corrupt chunks when `corrupt`): the
     snapshot of version 0 and the delta to version 1 in chunks. Returns (learner store, its

@@ -12,6 +12,7 @@ import time
 import grpc
 import pytest
 import torch
+
 from benchmarks.waiting import wait_until
 from swarm.fabric.bans import PeerBans
 from swarm.fabric.follower import fetch_from_holders
@@ -37,7 +38,13 @@ from swarm.fabric.grpc_peer import (
 )
 from swarm.fabric.local import LocalFabrics
 from swarm.fabric.rollout_exchange import StreamLimits
-from swarm.fabric.versions import HEADER_LIMIT, MAX_HELD_VERSIONS, OversizedPayload, VersionStore, payload_limit
+from swarm.fabric.versions import (
+    HEADER_LIMIT,
+    MAX_HELD_VERSIONS,
+    OversizedPayload,
+    VersionStore,
+    payload_limit,
+)
 from swarm.fabric.weight_delta import CorruptVersion
 from swarm.fabric.wire import encode_group
 from swarm.rollouts import RolloutGroup
@@ -201,8 +208,6 @@ class IdleStreams:
         call = fabric.channels.get(address).stream_stream(ROLLOUTS, request_serializer=None, response_deserializer=unpack)
         self.calls.append(call(nothing(), timeout=30, metadata=fabric.signer.metadata(ROLLOUTS)))
         return self.calls[-1]
-
-
 
 
 @pytest.fixture

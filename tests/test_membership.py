@@ -22,7 +22,8 @@ def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
     def listed():
         return {(m.record.role, m.record.version, m.record.peer_id) for m in observer.members()}
 
-    assert wait_for(lambda: listed() == {("sampler", 3, a.peer_id), ("learner", 5, b.peer_id)}), listed()
+    expected = {("sampler", 3, a.peer_id), ("learner", 5, b.peer_id)}
+    wait_until(lambda: listed() == expected, 20, f"the members {expected}", every=0.25, logs=lambda: f"listed: {listed()}")
     sampler = next(m for m in observer.members() if m.record.role == "sampler")
     assert sampler.record.rollouts == 7 and sampler.record.tokens_per_s == 120.5 and sampler.record.software
     a.shutdown()  # a stops heartbeating; b goes on: within a few heartbeats only b is listed
@@ -70,8 +71,8 @@ def test_forged_and_malformed_records_are_refused(make_fabric):
 def test_unreachable_registry_fails_fast_with_a_clear_error():
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarm.fabric.interface import JoinError
     from swarm.fabric.grpc_peer import GrpcFabric
+    from swarm.fabric.interface import JoinError
 
     started = time.time()
     with pytest.raises(JoinError, match="could not join the swarm through the registry at 127.0.0.1:9"):

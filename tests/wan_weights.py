@@ -114,8 +114,8 @@ def follow(args) -> None:
                                random.Random(fabric.peer_id), echo=print, on_fetch=fetched, poll_s=0.25)
     write_json_atomic(out / "ready.json", {"peer_id": fabric.peer_id, "pid": os.getpid()})
     wait_stopped()
-    follower.close()  # first: its thread may shun a peer that is stopping beside this one
-    write_json_atomic(out / "shunned.json", follower.shunned())
+    write_json_atomic(out / "shunned.json", follower.shunned())  # a copy: the follower may still be shunning
+    follower.close()
     pulse.close()
     server.close()
     fabric.shutdown()

@@ -219,14 +219,16 @@ class ChunkedFetch:
         """The manifest from the first whole holder (then sharer) that sends one matching the root:
         the learner's answer first when it was asked already. A second round when none sent it: a
         loaded whole holder may time out once (as for chunks: WHOLE_FAILURES), and with the learner
-        the only one, that would fail the whole fetch."""
+        the only one, that would fail the whole fetch. A sharer that failed in the first round is not
+        asked again (a gone one would cost a second time-out before any chunk is asked for)."""
         ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me]]
         asked = [(self.whole[-1], self._asked_manifest)] if self._asked_manifest is not None and self.whole else []
         for again, round_ in enumerate((asked + ask, ask)):
             if again:
                 time.sleep(self.rng.uniform(*RETRY_S))
             for peer, answer in round_:
-                found = None if peer in self._dead else self._manifest_from(peer, answer)
+                skip = peer in self._dead or again and peer not in self.whole and self._failures[peer] > 0
+                found = None if skip else self._manifest_from(peer, answer)
                 if found is not None:
                     return found
         raise ChunkedFetchFailed(f"no peer sent the manifest of {self.spec.kind} {self.spec.version}")
@@ -375,8 +377,9 @@ class ChunkedFetch:
     def _gone(self, peer: str, exc: BaseException) -> None:
         logger.info("peer %s could not serve chunks of %s %d: %s: %s", peer, self.spec.kind, self.spec.version,
                     type(exc).__name__, exc)
-        self._failures[peer] += 1
-        if self._failures[peer] >= (WHOLE_FAILURES if peer in self.whole else SHARER_FAILURES):
-            self._dead.add(peer)
+        with self._cond:  # workers fail at once: no count may be lost
+            self._failures[peer] += 1
+            if self._failures[peer] >= (WHOLE_FAILURES if peer in self.whole else SHARER_FAILURES):
+                self._dead.add(peer)
         if self.on_unreachable is not None:
             self.on_unreachable(peer, exc)

@@ -274,7 +274,7 @@ class VersionFollower:
         # here would move nearly every chunk to another owner in this peer's plan alone). Those that
         # sent corrupt data are not asked: their stripes come from whole holders. One that failed to
         # answer lately (a stream reset or time-out on a loaded peer) is asked again: the fetch
-        # passes it over at its first failure, and otherwise the learner would send its stripe again
+        # passes it over at its second failure (SHARER_FAILURES), and otherwise the learner would send its stripe again
         sharers = sorted(set(named)) if named is not None else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
         avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
