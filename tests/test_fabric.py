@@ -38,10 +38,6 @@ def maddrs(dht):
     return [str(m) for m in dht.get_visible_maddrs()]
 
 
-def wait_for(predicate, timeout=20.0, every=0.25):
-    return wait_until(predicate, timeout, every=every)
-
-
 def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tmp_path):
     boot, _ = nodes()
     a, sign_a = nodes(initial_peers=maddrs(boot), signing_key=load_or_create_signing_key(tmp_path / "a.sign.key"))
@@ -54,7 +50,8 @@ def test_join_through_bootstrap_and_through_a_peer_then_records_expire(nodes, tm
     def roles():
         return {(m.record.role, m.record.version, m.record.peer_id) for m in list_members(boot, RUN)}
 
-    assert wait_for(lambda: roles() == {("sampler", 3, a.peer_id.to_base58()), ("learner", 5, b.peer_id.to_base58())})
+    wait_until(lambda: roles() == {("sampler", 3, a.peer_id.to_base58()), ("learner", 5, b.peer_id.to_base58())}, 20,
+               "both records listed", every=0.25)
     member = next(m for m in list_members(boot, RUN) if m.record.role == "sampler")
     assert member.record.rollouts == 7 and member.record.tokens_per_s == 120.5 and member.record.software
 
@@ -132,7 +129,7 @@ def test_bootstrap_process_serves_joins_and_keeps_its_peer_id_across_restarts(no
         def counted():
             return [e for e in read_jsonl(tmp_path / "boot" / "events.jsonl") if e["event"] == "status" and e["samplers"] == 1]
 
-        assert wait_for(counted, timeout=20)  # its status record counts the member
+        wait_until(counted, 20, "the member counted", every=0.25)  # its status record counts the member
     finally:
         stop(proc)
     assert proc.returncode == 0

@@ -10,10 +10,6 @@ from benchmarks.waiting import wait_until
 from swarm.fabric.records import Heartbeat
 
 
-def wait_for(predicate, timeout=20.0):
-    return wait_until(predicate, timeout, every=0.25)
-
-
 def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
     a, b, observer = make_fabric(), make_fabric(), make_fabric()
     assert a.heartbeat(Heartbeat(role="sampler", model="embedded", version=3, rollouts=7, tokens_per_s=120.5))
@@ -57,7 +53,7 @@ def write_as(attacker, owner_key: bytes, owner_peer_id: str, value: dict) -> boo
 def test_forged_and_malformed_records_are_refused(make_fabric):
     honest, attacker, observer = make_fabric(), make_fabric(), make_fabric()
     assert honest.heartbeat(Heartbeat(role="sampler", version=1))
-    assert wait_for(lambda: len(observer.members()) == 1)
+    wait_until(lambda: len(observer.members()) == 1, 20, "one member listed", every=0.25)
     # another peer's record: hivemind checks the signature against the key in the subkey, the
     # registry the token it gave the owner
     assert not write_as(attacker, honest.public_key, honest.peer_id, record(honest.peer_id))

@@ -178,10 +178,6 @@ def test_record_bounds_refuse_claims_out_of_range():
     assert MemberRecord(**old).heartbeat_s == 0.0  # a record from before these fields still parses
 
 
-def wait_for(predicate, timeout=20.0):
-    return wait_until(predicate, timeout, every=0.25)
-
-
 def test_status_fields_travel_in_real_records_and_raise_flags(make_fabric):
     """Over a real DHT / gRPC registry: what the peers write is what status_flags reads."""
     learner, sampler, observer = make_fabric(), make_fabric(), make_fabric()
@@ -189,7 +185,7 @@ def test_status_fields_travel_in_real_records_and_raise_flags(make_fabric):
                                        step_s=0.5, since_step_s=100.0))
     assert sampler.heartbeat(Heartbeat(role="sampler", version=7, heartbeat_s=5.0, refused=30,
                                        refused_in_a_row=12, refusal="stale"))
-    assert wait_for(lambda: len(observer.members()) == 2)
+    wait_until(lambda: len(observer.members()) == 2, 20, "two members listed", every=0.25)
     members = observer.members()
     found = status_flags(observer.now(), members, None, args=swarm_args(["ADDR"], "r", make_fabric.transport))
     assert kinds(found) == [("refused", sampler.peer_id), ("learner_stalled", learner.peer_id)], found
