@@ -23,7 +23,7 @@ WAITING_LANE = {
     "test_wan.py", "test_wan_relay.py", "test_wan_harness.py", "test_across_machines.py", "test_dashboard.py",
     "test_chunks.py", "test_announcement_push.py", "test_weight_versions.py", "test_fabric.py", "test_fabric_interface.py", "test_membership.py",
     "test_rollout_exchange.py", "test_grpc_hostile.py", "test_registry.py", "test_fuzz.py", "test_fuzz_peers.py",
-    "test_fuzz_payloads.py", "test_progress.py", "test_status_flags.py", "test_layers.py",
+    "test_fuzz_payloads.py", "test_progress.py", "test_stream_close.py", "test_status_flags.py", "test_layers.py",
 }
 
 

@@ -68,6 +68,38 @@ def detach_p2p(p2p, io: BackgroundLoop) -> None:
     io.stop()
 
 
+# How long a handler that has sent its last byte waits for the requester to close the stream
+# before closing it anyway (a requester that never closes costs one idle coroutine this long).
+LINGER_S = 30.0
+
+
+async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                timeout: float = LINGER_S) -> None:
+    """Close a served stream once the requester has closed its end, or after `timeout`.
+
+    The p2p daemon turns a handler's close into a reset of the whole stream as soon as its read
+    side ends (go-libp2p-daemon's doStreamPipe: `s.Close()` when the handler's socket ends, then
+    the read still pending on `s` fails and calls `s.Reset()`), and a reset throws away whatever
+    the requester's daemon still holds unread: the tail of a payload went missing that way (about
+    1 MiB of a 9 MiB snapshot read in one piece). Every requester here closes as soon as it has
+    read all it wants, so waiting for that EOF first loses nothing and costs only the wait. (Only
+    for handlers whose requester closes once answered: a rollout sender refused mid-stream still
+    waits for acks, and would wait out `timeout` here.)"""
+    task = asyncio.current_task()
+    try:
+        if task is None or not task.cancelling():  # the server is closing: no waiting then
+            await asyncio.wait_for(_read_to_eof(reader), timeout)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _read_to_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(64 * 1024):  # what a requester still sends is not wanted any more
+        pass
+
+
 class HostedStreamHandler:
     """A named binary stream handler on `dht`'s p2p daemon, served from its own loop thread."""
 

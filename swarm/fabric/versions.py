@@ -39,7 +39,7 @@ from swarm.fabric.chunks import (
     slot_share,
     takes_slot,
 )
-from swarm.fabric.loop import HostedStreamHandler, StreamClient
+from swarm.fabric.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.upload_slots import HolderBusy, UploadSlots
 from swarm.fabric.weight_delta import (
     MAX_PAYLOAD_BYTES,
@@ -253,6 +253,7 @@ class WeightServer:
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         from hivemind.p2p import P2P
 
+        sent = 0  # payload bytes: the requester gets as long again to read them before the close
         try:
             async def refuse(reason: str) -> None:
                 await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason[:200], "count": 0}), writer)
@@ -267,7 +268,7 @@ class WeightServer:
                     await P2P.send_raw_data(msgpack.packb(await self._push_answer(request)), writer)
                     return
                 if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
-                    await self._chunk(request, writer, str(stream_info.peer_id))
+                    sent = await self._chunk(request, writer, str(stream_info.peer_id))
                     return
                 have, want = request.get("have"), request.get("want")
                 if not isinstance(want, int) or isinstance(want, bool):
@@ -292,6 +293,7 @@ class WeightServer:
                     # a receiver that stops reading would otherwise hold this upload slot for good
                     await asyncio.wait_for(P2P.send_raw_data(payload, writer), send_deadline(len(payload)))
                     self.bytes_served += len(payload)
+                    sent += len(payload)
                 self.served += 1
             finally:
                 self.slots.release()
@@ -300,7 +302,7 @@ class WeightServer:
         except asyncio.CancelledError:
             pass  # the server is closing
         finally:
-            writer.close()
+            await close_after_requester(reader, writer, send_deadline(sent))
 
     async def _push_answer(self, request: dict) -> dict:
         """The answer to a pushed announcement, its signature checked on a thread of its own (off the
@@ -314,7 +316,8 @@ class WeightServer:
         finally:
             self._pending_pushes -= 1
 
-    async def _chunk(self, request: dict, writer, peer: str) -> None:
+    async def _chunk(self, request: dict, writer, peer: str) -> int:
+        """Answers a manifest or chunk request; returns the payload bytes sent."""
         from hivemind.p2p import P2P
 
         # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
@@ -330,11 +333,12 @@ class WeightServer:
             header, data, slot = redirect, None, False
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
-            return
+            return 0
         try:
             await P2P.send_raw_data(msgpack.packb(header), writer)
             await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
             self.bytes_served += len(data)
+            return len(data)
         finally:
             if slot:
                 self.slots.release(share)

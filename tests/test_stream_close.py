@@ -1,0 +1,110 @@
+"""A weight holder closes a p2p stream only after its requester has: the daemon can turn a
+holder's early close into a reset that throws away the answer's unread tail (close_after_requester)."""
+
+import asyncio
+import socket
+import time
+
+import msgpack
+
+from swarm.fabric.local import LocalFabrics
+from swarm.fabric.loop import StreamClient, close_after_requester
+from swarm.fabric.versions import VersionStore, handler_name
+
+RUN = "stream-close-test"
+
+
+def test_a_holder_keeps_the_stream_open_until_its_requester_closes():
+    """A requester that has read the whole answer and waits: the holder's end stays open (no EOF
+    for a second), so nothing the daemons still carry can be reset away. The old handler closed
+    at once, and a loaded machine lost a 9 MiB snapshot's last MiB to the reset that followed."""
+    import torch
+    from hivemind.p2p import P2P
+
+    store = VersionStore()
+    store.add(0, {"w": torch.randn(512, 512)})
+    with LocalFabrics("hivemind", RUN) as fabrics:
+        holder, requester = fabrics.make(), fabrics.make()
+        server = holder.weight_server(store)
+        client = StreamClient(requester.dht, handler_name(RUN), thread_name="close-test")
+
+        async def ask_then_wait() -> tuple[int, int, bytes | None]:
+            reader, writer = await client.open(holder.peer_id)
+            try:
+                await P2P.send_raw_data(msgpack.packb({"have": None, "want": 0}), writer)
+                header = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
+                payload = await P2P.receive_raw_data(reader)
+                try:  # the whole answer is in; the holder must not hang up on us now
+                    early = await asyncio.wait_for(reader.read(1), 1.0)
+                except asyncio.TimeoutError:
+                    early = None
+                return header["count"], len(payload), early
+            finally:
+                writer.close()
+
+        try:
+            count, size, early = client.run(ask_then_wait(), timeout=30)
+            assert count == 1 and size > 512 * 512 * 2
+            assert early is None, f"the holder closed the stream before the requester did (read {early!r})"
+            assert server.served == 1
+        finally:
+            client.close()
+            server.close()
+
+
+async def _stream_pair():
+    """(holder's reader, holder's writer, requester's reader, requester's writer) over a socketpair."""
+    left, right = socket.socketpair()
+    holder_reader, holder_writer = await asyncio.open_connection(sock=left)
+    requester_reader, requester_writer = await asyncio.open_connection(sock=right)
+    return holder_reader, holder_writer, requester_reader, requester_writer
+
+
+def test_the_holder_closes_when_the_requester_does_and_gives_up_on_one_that_never_does():
+    async def scenario() -> tuple[float, float, bytes]:
+        h_reader, h_writer, r_reader, r_writer = await _stream_pair()
+        started = time.monotonic()
+        r_writer.write(b"late bytes nobody wants")  # read and dropped, not an error
+        r_writer.close()
+        await close_after_requester(h_reader, h_writer, timeout=10)
+        prompt = time.monotonic() - started
+
+        h_reader, h_writer, r_reader, r_writer = await _stream_pair()
+        started = time.monotonic()
+        await close_after_requester(h_reader, h_writer, timeout=0.3)  # this requester never closes
+        bounded = time.monotonic() - started
+        after_bound = await asyncio.wait_for(r_reader.read(), 5)  # EOF: the holder did close
+        r_writer.close()
+        return prompt, bounded, after_bound
+
+    prompt, bounded, after_bound = asyncio.run(scenario())
+    assert prompt < 2, f"the holder waited {prompt:.2f} s for a requester that had already closed"
+    assert 0.25 <= bounded < 3, f"the holder gave up on a silent requester after {bounded:.2f} s, not about 0.3 s"
+    assert after_bound == b""
+
+
+def test_a_closing_server_does_not_wait_for_requesters():
+    """Cancelled (the server closes): the stream is closed at once, not after the linger."""
+    async def scenario() -> tuple[float, bytes]:
+        h_reader, h_writer, r_reader, r_writer = await _stream_pair()
+
+        async def handler() -> None:
+            try:
+                await asyncio.sleep(60)  # an answer still being sent when the server closes
+            except asyncio.CancelledError:
+                pass  # as WeightServer._handle does
+            finally:
+                await close_after_requester(h_reader, h_writer, timeout=30)
+
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        took = time.monotonic() - started
+        eof = await asyncio.wait_for(r_reader.read(), 5)
+        r_writer.close()
+        return took, eof
+
+    took, eof = asyncio.run(scenario())
+    assert took < 2 and eof == b""
