@@ -54,7 +54,7 @@ class LearnerTeam:
         self.joining = False  # set by a learner that must download the run's state before it publishes
         self.group = None
         self.lock = threading.Lock()  # the model and optimizer between steps: state is copied under it
-        self.stats = {"rounds": 0, "alone": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
+        self.stats = {"rounds": 0, "alone": 0, "incomplete": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
         core.update_lock = self.lock
         core.gradient_averager = self
 
@@ -109,6 +109,12 @@ class LearnerTeam:
                    "group_rows": float(result.total_rows)}
         if result.clamped:
             metrics["clamped_gradients"] = float(result.clamped)
+        if len(result.members) == 1 and result.partial:
+            # a group met but this learner's all-reduce came back incomplete: the others may have
+            # stepped on the full result, and a step alone would publish other weights as this version
+            self.stats["incomplete"] += 1
+            return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back incomplete "
+                                                              f"({result.error})", metrics=metrics)
         if len(result.members) == 1:  # nobody else came: step alone; anyone out of step catches up
             self.stats["alone"] += 1
             if self.events is not None:

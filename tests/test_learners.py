@@ -180,6 +180,68 @@ def test_a_member_out_of_step_is_told_so_and_the_others_go_on(averagers):
     assert not out[1].in_step and out[1].grads is None  # behind: it downloads the state instead
 
 
+def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on(monkeypatch):
+    """A real member whose reducer hangs up without averaging its part (the honest member leaves it
+    the whole vector to reduce): hivemind would hand the honest member its own values back and
+    report success, so the two would hold different means. Here every attempt fails at the honest
+    member, and the round ends marked partial, with no gradient to step on."""
+    from typing import AsyncIterator
+
+    from hivemind.p2p import P2PContext
+    from hivemind.proto import averaging_pb2
+
+    from swarm.fabric import learner_group
+    from swarm.fabric.dht import start_dht
+    from swarm.fabric.learner_group import PARTIAL_ROUND, LearnerGroup
+
+    guarded = learner_group._make_averager_class()
+
+    class ReducerThatHangsUp(guarded):
+        async def rpc_aggregate_part(self, stream, context):
+            await anext(stream)  # takes the sender's first part, averages nothing, answers nothing
+            return
+            yield
+
+    class LeavesTheReducingToOthers(guarded):  # bandwidth 0: the other member reduces the whole vector
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, bandwidth=0.0, **kwargs)
+
+    # hivemind names each handler after the servicer's class: the same name, or nobody finds it
+    for cls in (ReducerThatHangsUp, LeavesTheReducingToOthers):
+        cls.__name__ = cls.__qualname__ = guarded.__name__
+    ReducerThatHangsUp.rpc_aggregate_part.__annotations__ = {
+        "stream": AsyncIterator[averaging_pb2.AveragingData], "context": P2PContext,
+        "return": AsyncIterator[averaging_pb2.AveragingData]}
+
+    dhts, groups = [], []
+    try:
+        for i in range(2):
+            dht, _ = start_dht("learners", initial_peers=[str(a) for a in dhts[0].get_visible_maddrs()] if dhts else [],
+                               host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+            dhts.append(dht)
+        params = [torch.nn.Parameter(torch.zeros(300, 17)), torch.nn.Parameter(torch.zeros(5))]
+        monkeypatch.setattr(learner_group, "_make_averager_class", lambda: LeavesTheReducingToOthers)
+        honest = LearnerGroup(dhts[0], "learners", params, matchmaking_s=1.0, request_timeout_s=0.8)
+        groups.append(honest)
+        monkeypatch.setattr(learner_group, "_make_averager_class", lambda: ReducerThatHangsUp)
+        faulty = LearnerGroup(dhts[1], "learners", params, matchmaking_s=1.0, request_timeout_s=0.8)
+        groups.append(faulty)
+        for g in groups:
+            g.allow([honest.peer_id, faulty.peer_id])
+        torch.manual_seed(2)
+        contributions = [([torch.randn_like(p) for p in params], 3), ([torch.randn_like(p) for p in params], 5)]
+        ours, theirs = _rounds(groups, contributions, timeout_s=6.0)
+        assert ours.grads is None and ours.partial and PARTIAL_ROUND in ours.error, ours
+        assert len(ours.members) == 1  # no gathered round to step on
+        # the faulty member never got the honest one's part for its own slice: partial there too
+        assert theirs.grads is None and theirs.partial, theirs
+    finally:
+        for g in groups:
+            g.close()
+        for d in dhts:
+            d.shutdown()
+
+
 def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_ignore_a_stranger(tmp_path):
     """Real processes on loopback: an owner learner and a certified one train with two samplers,
     publishing the same weights at every version; a learner whose certificate is its own is ignored;

@@ -44,6 +44,8 @@ FIXED_POINT_BITS = 24  # gradient * rows is sent in units of 2^-24
 # below 2^43 comes back within 0.1 of the exact sum once multiplied by the member count
 FIXED_POINT_LIMIT = float(2 ** 43)
 MAX_MEMBERS = 64
+# in the error of a round whose all-reduce came back incomplete (see GuardedAverager._run_allreduce_inplace_)
+PARTIAL_ROUND = "incomplete all-reduce"
 
 
 def to_fixed_point(grads: Sequence[torch.Tensor | None], shapes: Sequence[torch.Size], rows: int) -> tuple[torch.Tensor, int]:
@@ -152,6 +154,20 @@ def _make_averager_class():
             async for message in super().rpc_download_state(request, context):
                 yield message
 
+        async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+            """hivemind's all-reduce, failed when it came back incomplete. hivemind tolerates a reducer
+            that fails (its part keeps this member's own values) and a sender that stalls (the part is
+            averaged without it), and reports success: the members then hold different means, or a
+            mean divided by rows it does not hold, and their weights part. CI saw it ("received
+            91.8% results"): two learners published different weights as one version. Failed, the
+            round is tried again from this learner's own contribution (LearnerGroup.average)."""
+            await super()._run_allreduce_inplace_(tensors, group_info, group_id=group_id, **kwargs)
+            runner = self._running_groups[group_info.group_id if group_id is None else group_id].result()
+            missing, banned = runner.tensor_part_container.failed_size, runner.banned_senders
+            if missing or banned:
+                raise AllreduceException(f"{PARTIAL_ROUND}: {missing} of {runner.tensor_part_container.total_size} "
+                                         f"values came back unaveraged, {len(banned)} sender(s) left out")
+
         async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
             strangers = [p for p in group_info.peer_ids if p != self.peer_id and self._refuses(p)]
             if strangers:  # a rogue leader's group: leave before any tensor is sent
@@ -228,6 +244,9 @@ class RoundResult:
     bytes_sent: int = 0  # this learner's share of all-reduce traffic, upper bound: 2 x its vector
     error: str = ""
     extra: dict = field(default_factory=dict)
+    # a group formed but its all-reduce came back incomplete (and no later attempt succeeded): the
+    # others may have stepped on a full result, so this learner must not step alone
+    partial: bool = False
 
 
 class LearnerGroup:
@@ -249,7 +268,7 @@ class LearnerGroup:
                             allreduce_timeout=allreduce_timeout_s, min_group_size=2,
                             next_chunk_timeout=request_timeout_s, allow_state_sharing=True, declare_state_period=5.0)
         self.peer_id = str(self.averager.peer_id)
-        self.allreduce_timeout_s = allreduce_timeout_s
+        self.matchmaking_s, self.allreduce_timeout_s = matchmaking_s, allreduce_timeout_s
         self._lock = threading.Lock()
 
     def allow(self, peer_ids: Iterable[str]) -> None:
@@ -273,14 +292,18 @@ class LearnerGroup:
             logger.warning("%d gradient element(s) clamped to the fixed-point range", clamped)
         me = MemberState(self.peer_id, version, weights_hash, rows)
         with self._lock:
-            gathered, error = None, ""
+            gathered, error, partial = None, "", ""  # partial: the error of an attempt that came back incomplete
             deadline = time.time() + timeout_s
             # one attempt at a time, each from this learner's own contribution: hivemind's own retries
             # would go on from a buffer that a failed all-reduce left partly averaged
-            while not gathered and time.time() < deadline:
+            attempts = 0
+            # hivemind asserts that an attempt's timeout holds its matchmaking window: a retry that
+            # would not fit is not made (the first attempt is given one at least)
+            while not gathered and (attempts == 0 or deadline - time.time() > self.matchmaking_s + 0.5):
+                attempts += 1
                 with self.averager.get_tensors() as (buffer,):
                     buffer.copy_(fixed)
-                remaining = max(0.5, deadline - time.time())
+                remaining = max(self.matchmaking_s + 0.5, deadline - time.time())
                 control = self.averager.step(gather=dict(version=version, hash=weights_hash, rows=rows), weight=1.0,
                                              timeout=remaining, allow_retries=False, wait=False)
                 try:  # hivemind's timeout bounds finding a group, not a round that then stalls: bound both
@@ -288,9 +311,10 @@ class LearnerGroup:
                 except Exception as exc:  # noqa: BLE001 - hivemind raises many kinds; all mean "no round"
                     control.cancel()
                     error = f"{type(exc).__name__}: {exc}"
+                    partial = partial or (error if PARTIAL_ROUND in error else "")
             if not gathered:
                 return RoundResult([me], None, rows, (version, weights_hash), True, time.time() - started, clamped,
-                                   error=error or "no group")
+                                   error=partial or error or "no group", partial=bool(partial))
             members = []
             for peer, data in gathered.items():
                 try:
