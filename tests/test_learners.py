@@ -2,6 +2,7 @@
 hivemind averagers, who may average, publish and download state, and the exact fixed-point sum
 that makes every learner take the same step."""
 
+import contextlib
 import threading
 
 import pytest
@@ -100,26 +101,39 @@ def test_the_canonical_state_is_the_newest_version_most_members_hold():
     assert canonical([m("b", 5, "y"), m("a", 5, "x")]) == (5, "x")  # a tie goes to the lowest peer id
 
 
-@pytest.fixture
-def averagers():
-    """Three real DHT processes on loopback, each with a learner's averaging group."""
+@contextlib.contextmanager
+def learner_groups(averager_classes):
+    """One real DHT process on loopback per entry, each with a learner's averaging group; an entry
+    other than None is the averager class that member runs (a faulty one, in a test)."""
+    from swarm.fabric import learner_group
     from swarm.fabric.dht import start_dht
-    from swarm.fabric.learner_group import LearnerGroup
 
     dhts, groups = [], []
     try:
-        for i in range(3):
+        for cls in averager_classes:
             dht, _ = start_dht("learners", initial_peers=[str(a) for a in dhts[0].get_visible_maddrs()] if dhts else [],
                                host_maddrs=["/ip4/127.0.0.1/tcp/0"])
             dhts.append(dht)
         params = [torch.nn.Parameter(torch.zeros(300, 17)), torch.nn.Parameter(torch.zeros(5))]
-        groups = [LearnerGroup(d, "learners", params, matchmaking_s=1.0, request_timeout_s=0.8) for d in dhts]
+        for dht, cls in zip(dhts, averager_classes):
+            with pytest.MonkeyPatch.context() as patch:
+                if cls is not None:
+                    patch.setattr(learner_group, "_make_averager_class", lambda: cls)
+                groups.append(learner_group.LearnerGroup(dht, "learners", params, matchmaking_s=1.0,
+                                                         request_timeout_s=0.8))
         yield groups, params
     finally:
         for g in groups:
             g.close()
         for d in dhts:
             d.shutdown()
+
+
+@pytest.fixture
+def averagers():
+    """Three real DHT processes on loopback, each with a learner's averaging group."""
+    with learner_groups([None] * 3) as made:
+        yield made
 
 
 def _rounds(groups, contributions, version=0, digest="h" * 64, timeout_s=15.0):
@@ -180,7 +194,7 @@ def test_a_member_out_of_step_is_told_so_and_the_others_go_on(averagers):
     assert not out[1].in_step and out[1].grads is None  # behind: it downloads the state instead
 
 
-def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on(monkeypatch):
+def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on():
     """A real member whose reducer hangs up without averaging its part (the honest member leaves it
     the whole vector to reduce): hivemind would hand the honest member its own values back and
     report success, so the two would hold different means. Here every attempt fails at the honest
@@ -191,8 +205,7 @@ def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on
     from hivemind.proto import averaging_pb2
 
     from swarm.fabric import learner_group
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.learner_group import PARTIAL_ROUND, LearnerGroup
+    from swarm.fabric.learner_group import PARTIAL_ROUND
 
     guarded = learner_group._make_averager_class()
 
@@ -213,33 +226,17 @@ def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on
         "stream": AsyncIterator[averaging_pb2.AveragingData], "context": P2PContext,
         "return": AsyncIterator[averaging_pb2.AveragingData]}
 
-    dhts, groups = [], []
-    try:
-        for i in range(2):
-            dht, _ = start_dht("learners", initial_peers=[str(a) for a in dhts[0].get_visible_maddrs()] if dhts else [],
-                               host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-            dhts.append(dht)
-        params = [torch.nn.Parameter(torch.zeros(300, 17)), torch.nn.Parameter(torch.zeros(5))]
-        monkeypatch.setattr(learner_group, "_make_averager_class", lambda: LeavesTheReducingToOthers)
-        honest = LearnerGroup(dhts[0], "learners", params, matchmaking_s=1.0, request_timeout_s=0.8)
-        groups.append(honest)
-        monkeypatch.setattr(learner_group, "_make_averager_class", lambda: ReducerThatHangsUp)
-        faulty = LearnerGroup(dhts[1], "learners", params, matchmaking_s=1.0, request_timeout_s=0.8)
-        groups.append(faulty)
+    with learner_groups([LeavesTheReducingToOthers, ReducerThatHangsUp]) as (groups, params):
+        honest, faulty = groups
         for g in groups:
             g.allow([honest.peer_id, faulty.peer_id])
         torch.manual_seed(2)
         contributions = [([torch.randn_like(p) for p in params], 3), ([torch.randn_like(p) for p in params], 5)]
         ours, theirs = _rounds(groups, contributions, timeout_s=6.0)
-        assert ours.grads is None and ours.partial and PARTIAL_ROUND in ours.error, ours
-        assert len(ours.members) == 1  # no gathered round to step on
-        # the faulty member never got the honest one's part for its own slice: partial there too
-        assert theirs.grads is None and theirs.partial, theirs
-    finally:
-        for g in groups:
-            g.close()
-        for d in dhts:
-            d.shutdown()
+    assert ours.grads is None and ours.partial and PARTIAL_ROUND in ours.error, ours
+    assert len(ours.members) == 1  # no gathered round to step on
+    # the faulty member never got the honest one's part for its own slice: partial there too
+    assert theirs.grads is None and theirs.partial, theirs
 
 
 def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_ignore_a_stranger(tmp_path):
