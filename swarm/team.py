@@ -109,13 +109,14 @@ class LearnerTeam:
                    "group_rows": float(result.total_rows)}
         if result.clamped:
             metrics["clamped_gradients"] = float(result.clamped)
-        if len(result.members) == 1 and result.partial:
-            # a group met but this learner's all-reduce came back incomplete: the others may have
-            # stepped on the full result, and a step alone would publish other weights as this version
-            self.stats["incomplete"] += 1
-            return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back incomplete "
-                                                              f"({result.error})", metrics=metrics)
-        if len(result.members) == 1:  # nobody else came: step alone; anyone out of step catches up
+        if len(result.members) == 1:
+            if result.partial:
+                # a group met but this learner's all-reduce came back incomplete: the others may have
+                # stepped on the full result, and a step alone would publish other weights as this version
+                self.stats["incomplete"] += 1
+                return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back "
+                                                                  f"incomplete ({result.error})", metrics=metrics)
+            # nobody else came: step alone; anyone out of step catches up
             self.stats["alone"] += 1
             if self.events is not None:
                 self.events.event("averaging_alone", version=version, reason=result.error)

@@ -253,10 +253,6 @@ def browser_or_skip():
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-def wait_for(condition, timeout_s, what):
-    return wait_until(condition, timeout_s, what, every=0.5)
-
-
 class HostilePeer:
     """A peer that heartbeats a record of its own whose peer id, model and fetch source are markup
     (the schema allows any string there: only the owner key is checked)."""
@@ -338,14 +334,14 @@ def test_dashboard_in_a_real_browser_against_a_real_swarm(tmp_path):
             except OSError:
                 return False
 
-        wait_for(serving, 120, "the dashboard to serve")
+        wait_until(serving, 120, "the dashboard to serve", every=0.5)
         driver.get(url)
 
         def peer_rows():
             return js("return [...document.querySelectorAll('#peers tbody tr')].map("
                       "r => [r.dataset.role, ...[...r.cells].map(c => c.textContent)])")
 
-        rows = wait_for(lambda: (lambda r: r if len(r) >= 3 else None)(peer_rows()), 120, "three peer rows")
+        rows = wait_until(lambda: (lambda r: r if len(r) >= 3 else None)(peer_rows()), 120, "three peer rows", every=0.5)
         assert sorted(r[0] for r in rows) == ["learner", "sampler", "sampler"]
         hostile_row = next(r for r in rows if r[2] == IMG)  # the peer id, as text
         assert hostile_row[3] == SCRIPT  # the model, as text
@@ -357,13 +353,14 @@ def test_dashboard_in_a_real_browser_against_a_real_swarm(tmp_path):
         def reward_points():
             return int(js("const c = document.querySelector('svg[data-chart=reward]'); return c ? c.dataset.points : 0"))
 
-        first = wait_for(reward_points, 120, "the reward curve")
-        wait_for(lambda: reward_points() >= first + 2, 120, f"the reward curve to grow past {first} points")
+        first = wait_until(reward_points, 120, "the reward curve", every=0.5)
+        wait_until(lambda: reward_points() >= first + 2, 120, f"the reward curve to grow past {first} points", every=0.5)
         assert int(js("return document.querySelector('svg[data-heatmap=lag]').dataset.rows")) >= 1
         assert js("return document.querySelectorAll('#propagation tbody tr').length") >= 1
 
         hostile.leave()  # its record expires; the page goes on and lists it as gone
-        wait_for(lambda: IMG in js("return document.getElementById('departed').textContent"), 60, "the hostile peer to leave")
+        wait_until(lambda: IMG in js("return document.getElementById('departed').textContent"), 60,
+                   "the hostile peer to leave", every=0.5)
         assert len(peer_rows()) == 2 and js("return typeof window.__pwned") == "undefined"
         driver.set_window_size(1400, int(js("return document.body.scrollHeight")) + 40)
         shot = tmp_path / "dashboard.png"
@@ -419,7 +416,7 @@ def test_peers_serve_the_dashboard_themselves(tmp_path):
             state = state_at(url)
             return state if state is not None and condition(state) else None
 
-        return wait_for(check, 120, what)
+        return wait_until(check, 120, what, every=0.5)
 
     def roles(state):
         return {p["peer_id"]: p["role"] for p in state["peers"]}

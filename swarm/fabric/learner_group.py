@@ -296,14 +296,13 @@ class LearnerGroup:
             deadline = time.time() + timeout_s
             # one attempt at a time, each from this learner's own contribution: hivemind's own retries
             # would go on from a buffer that a failed all-reduce left partly averaged
-            attempts = 0
-            # hivemind asserts that an attempt's timeout holds its matchmaking window: a retry that
-            # would not fit is not made (the first attempt is given one at least)
-            while not gathered and (attempts == 0 or deadline - time.time() > self.matchmaking_s + 0.5):
-                attempts += 1
+            # hivemind asserts that an attempt's timeout holds its matchmaking window: the first attempt
+            # is given one at least, and a retry that would not fit is not made
+            fits = self.matchmaking_s + 0.5
+            while True:
                 with self.averager.get_tensors() as (buffer,):
                     buffer.copy_(fixed)
-                remaining = max(self.matchmaking_s + 0.5, deadline - time.time())
+                remaining = max(fits, deadline - time.time())
                 control = self.averager.step(gather=dict(version=version, hash=weights_hash, rows=rows), weight=1.0,
                                              timeout=remaining, allow_retries=False, wait=False)
                 try:  # hivemind's timeout bounds finding a group, not a round that then stalls: bound both
@@ -312,6 +311,8 @@ class LearnerGroup:
                     control.cancel()
                     error = f"{type(exc).__name__}: {exc}"
                     partial = partial or (error if PARTIAL_ROUND in error else "")
+                if gathered or deadline - time.time() <= fits:
+                    break
             if not gathered:
                 return RoundResult([me], None, rows, (version, weights_hash), True, time.time() - started, clamped,
                                    error=partial or error or "no group", partial=bool(partial))

@@ -68,14 +68,9 @@ def detach_p2p(p2p, io: BackgroundLoop) -> None:
     io.stop()
 
 
-# How long a handler that has sent its last byte waits for the requester to close the stream
-# before closing it anyway (a requester that never closes costs one idle coroutine this long).
-LINGER_S = 30.0
-
-
-async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                timeout: float = LINGER_S) -> None:
-    """Close a served stream once the requester has closed its end, or after `timeout`.
+async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float) -> None:
+    """Close a served stream once the requester has closed its end, or after `timeout` (a requester
+    that never closes costs one idle coroutine this long).
 
     The p2p daemon turns a handler's close into a reset of the whole stream as soon as its read
     side ends (go-libp2p-daemon's doStreamPipe: `s.Close()` when the handler's socket ends, then
