@@ -183,3 +183,45 @@ def test_streams_past_a_peers_limit_are_refused_and_idle_ones_cut(make_fabric):
         holder.close()
         good.close()
         inbox.close()
+
+
+@pytest.mark.parametrize("make_fabric", ["hivemind"], indirect=True)  # gRPC acks every frame it refuses
+def test_a_stream_refused_whole_tells_the_sender_why_for_every_frame(make_fabric):
+    """A stream the learner refuses whole (past a peer's stream limit) or from a frame on (an
+    oversized one, which it cannot skip) answers every frame with the reason, and the learner
+    lingers for the sender to read it: the sampler learns why, not that the learner was
+    unreachable, and what was accepted before the refusal stays accepted."""
+    from swarm.fabric.rollout_exchange import StreamLimits
+    from swarm.fabric.wire import WireLimits
+
+    learner, hog = make_fabric(), make_fabric()
+    inbox = learner.rollout_inbox(vocab_size=VOCAB, streams=StreamLimits(per_peer=1, idle_s=20),
+                                  limits=WireLimits(max_frame_bytes=64 * 1024))
+    inbox.learner_version = 3
+    sender = hog.rollout_sender(timeout_s=30)
+    try:
+        frames = [encode_group(group(problem_id=f"p{i}")) for i in range(3)]
+        # a frame too big in the middle: the first is accepted, it and the one after it are refused
+        acks = sender.send_frames(learner.peer_id, [frames[0], bytes(64 * 1024 + 1), frames[1]])
+        assert acks[0] == {"ok": True}, acks
+        assert [a["ok"] for a in acks] == [True, False, False]
+        assert all("exceeds 65536" in a["reason"] for a in acks[1:]), acks
+        received = inbox.get(timeout=10)
+        assert received is not None and received.problem_id == "p0" and inbox.get(timeout=0.5) is None
+
+        async def close(writer):
+            writer.close()
+
+        holder = hog.rollout_sender(timeout_s=30)  # the same peer: its one stream makes the sender's next one refused
+        _, held = holder._client.run(holder._client.open(learner.peer_id), timeout=20)
+        try:
+            acks = sender.send_frames(learner.peer_id, frames)
+        finally:
+            holder._client.run(close(held), timeout=10)
+            holder.close()
+        assert [a["ok"] for a in acks] == [False] * 3
+        assert all("more than 1 open rollout streams" in a["reason"] for a in acks), acks
+        assert inbox.get(timeout=0.5) is None and inbox.stats.reasons["too many streams"] == 1
+    finally:
+        sender.close()
+        inbox.close()

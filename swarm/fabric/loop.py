@@ -78,8 +78,7 @@ async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.St
     the requester's daemon still holds unread: the tail of a payload went missing that way (about
     1 MiB of a 9 MiB snapshot read in one piece). Every requester here closes as soon as it has
     read all it wants, so waiting for that EOF first loses nothing and costs only the wait. (Only
-    for handlers whose requester closes once answered: a rollout sender refused mid-stream still
-    waits for acks, and would wait out `timeout` here.)"""
+    for handlers whose requester closes once answered: a rollout sender stops at a `final` refusal.)"""
     task = asyncio.current_task()
     try:
         if task is None or not task.cancelling():  # the server is closing: no waiting then

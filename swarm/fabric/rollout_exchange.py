@@ -1,7 +1,8 @@
 """Rollout groups from samplers to a learner over hivemind's p2p streams.
 
 One stream per send: the sampler writes length-prefixed msgpack frames (wire.py), one per group,
-and reads one small ack per frame. The learner side (`RolloutInbox`):
+and reads one small ack per frame; an ack marked `final` refuses the rest of the stream too (past
+a peer's stream limit, or at a frame too big to skip). The learner side (`RolloutInbox`):
 - validates every frame (wire.decode_group) and answers with the reason when it refuses one;
 - delivers each group at most once (a bounded memory of recently seen group uids);
 - applies backpressure: a bounded queue; when it is full the handler stops reading, so the
@@ -33,11 +34,14 @@ import msgpack
 
 from swarm.config import TrainingSettings, default_of
 from swarm.fabric.bans import PeerBans
-from swarm.fabric.loop import HostedStreamHandler, StreamClient
+from swarm.fabric.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.wire import InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
 logger = logging.getLogger(__name__)
+# how long a learner keeps a refused rollout stream open for the sender to read the refusal and
+# close (an honest one does at once; a flood of refused streams holds an idle coroutine each this long)
+REFUSAL_LINGER_S = 5.0
 
 
 def handler_name(run_id: str) -> str:
@@ -267,11 +271,7 @@ class RolloutInbox(InboxCore):
         remote = str(stream_info.peer_id)
         refused = self.open_stream(remote)
         if refused:
-            try:
-                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": refused}), writer)
-            except (ConnectionError, asyncio.CancelledError):
-                pass
-            writer.close()
+            await self._refuse_stream(reader, writer, refused)
             return
         try:
             while True:
@@ -282,8 +282,9 @@ class RolloutInbox(InboxCore):
                 size = int.from_bytes(header, P2P.BYTEORDER)
                 if size > self.limits.max_frame_bytes:
                     self.penalize(remote, "oversized frame")
-                    await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}"}), writer)
-                    return  # cannot resynchronise without reading it: drop the stream
+                    # cannot resynchronise without reading it: the rest of the stream is refused
+                    await self._refuse_stream(reader, writer, f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}")
+                    return
                 # a half-received frame raises here and is dropped; so is one that comes too slowly
                 frame = await asyncio.wait_for(reader.readexactly(size), self.streams.frame_deadline(size))
                 ack = await self.accept(frame, remote)
@@ -298,6 +299,20 @@ class RolloutInbox(InboxCore):
         finally:
             self.close_stream(remote)
             writer.close()
+
+    async def _refuse_stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reason: str) -> None:
+        """Refuse the frame at hand and every one after it on this stream (`final`: the sender
+        stops there), then close once the sender has read that and closed its end: closing first
+        can reset the stream before the refusal reaches the sender (loop.close_after_requester),
+        which then knew only that the learner was unreachable."""
+        from hivemind.p2p import P2P
+
+        try:
+            await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason, "final": True}), writer)
+        except ConnectionError:
+            writer.close()
+            return
+        await close_after_requester(reader, writer, REFUSAL_LINGER_S)
 
     def close(self) -> None:
         self.closed.set()
@@ -330,11 +345,21 @@ class RolloutSender:
                 await P2P.send_raw_data(frame, writer)
 
         async def read_acks() -> list[dict]:
-            return [msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False) for _ in frames]
+            acks: list[dict] = []
+            while len(acks) < len(frames):
+                ack = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
+                acks.append(ack if isinstance(ack, dict) else {"ok": False, "reason": "the learner's ack is not a map"})
+                if acks[-1].get("final"):  # the learner refused the rest of the stream unread, and closes it
+                    acks += [{"ok": False, "reason": ack.get("reason", "?")} for _ in range(len(frames) - len(acks))]
+            return acks
 
+        writing = asyncio.ensure_future(write_all())
         try:
-            _, acks = await asyncio.gather(write_all(), read_acks())
+            # a final refusal ends the stream with frames still unwritten: the acks decide, not the writes
+            acks = await read_acks()
         finally:
+            writing.cancel()
+            await asyncio.gather(writing, return_exceptions=True)
             writer.close()
         return acks
 
