@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -290,7 +289,7 @@ def report(runs: list[dict], baselines: list[dict], settings: dict, minutes: flo
         curve = table[f"{variant}@{k}"]["kl_by_staleness"]
         if curve and k > 0:
             curves.append([variant, k] + [f"{1e3 * curve[str(st)]:.1f}" if str(st) in curve else "-" for st in range(9)])
-    md = [f"# GEPO's weak spot at staleness 8 (issue #19, item 4)\n",
+    md = ["# GEPO's weak spot at staleness 8 (issue #19, item 4)\n",
           f"Settings: {json.dumps(settings)}; {len(runs)} runs with diagnostics, {minutes:.0f} min of run time "
           "(single-thread runs, sharing two cores with other work). `python -m benchmarks.gepo_weak_spot`.\n",
           "## Outcome and drift\n",

@@ -14,7 +14,6 @@ ever loads a newer version than it holds, or the same version with the group's h
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field

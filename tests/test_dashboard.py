@@ -292,7 +292,6 @@ def test_dashboard_in_a_real_browser_against_a_real_swarm(tmp_path):
     as a process, the page in headless Chromium: the peer rows appear, the reward curve gains points
     as the learner steps, the markup in the hostile record is shown as text and runs nothing, and a
     peer that leaves moves to the "left" line."""
-    from selenium.webdriver.common.by import By
 
     from swarm.runlog import wait_ready
 

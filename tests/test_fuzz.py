@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import time
 import tracemalloc
 
 import msgpack

@@ -4,7 +4,6 @@ the exact published state comes back (bit for bit) or CorruptVersion; nothing el
 
 from __future__ import annotations
 
-import random
 import zlib
 
 import msgpack

@@ -18,6 +18,13 @@ def test_import_contracts_hold():
     assert "3 kept, 0 broken" in out.stdout
 
 
+def test_pyflakes_finds_nothing():
+    """Unused imports, undefined names and the like (ruff's F rules, as pyproject.toml selects)."""
+    out = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "--no-cache", *PACKAGES, "tests", "benchmarks"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:]
+
+
 def test_no_module_imports_private_names_of_another():
     found = []
     for package in PACKAGES:

@@ -4,7 +4,6 @@ a chunked version download) do."""
 
 import io
 
-import pytest
 
 from swarm.progress import LineProgress, RichProgress, amount, progress_for
 

@@ -9,7 +9,6 @@ veths unless shaped, and round-trip times are those of the loopback device.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 

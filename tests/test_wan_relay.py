@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.wan import Wan, wan_unavailable
-from benchmarks.wan_swarm import WanSwarm, records, wait_for
-from tests.test_wan import QUICK_LEARNER, QUICK_SAMPLER, TRANSPORTS, fetched, start_run, steps_of
+from benchmarks.wan_swarm import WanSwarm, wait_for
+from tests.test_wan import QUICK_SAMPLER, TRANSPORTS, fetched, start_run, steps_of
 
 UNAVAILABLE = wan_unavailable(nat=False)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"WAN harness: {UNAVAILABLE}")]

@@ -84,7 +84,6 @@ def test_mismatched_versions_cannot_be_delta_encoded():
 # ---------------------------------------------------------------------------------------------
 # format 3: positions class by class (the base's exponent), steps in representable values
 
-import math
 import random
 import zlib
 

@@ -19,7 +19,6 @@ with --corrupt it serves every chunk with its first byte flipped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import threading
