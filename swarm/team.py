@@ -35,6 +35,32 @@ class AveragingOutcome:
     metrics: dict = field(default_factory=dict)
 
 
+def round_outcome(result, version: int, ours: str) -> AveragingOutcome:
+    """What a learner at `version` holding weights hashed `ours` does after an averaging round
+    (`result`: a learner_group.RoundResult): step on the group's mean gradient; step alone when no
+    other learner came; or download the group's state instead of stepping, when it is behind or
+    holds other weights, or when a group met but its all-reduce came back incomplete (the others
+    may have stepped on the full mean, and a step alone would publish other weights as the same
+    version)."""
+    metrics = {"learners": float(len(result.members)), "averaging_seconds": round(result.seconds, 4),
+               "group_rows": float(result.total_rows)}
+    if result.clamped:
+        metrics["clamped_gradients"] = float(result.clamped)
+    if len(result.members) == 1:
+        if result.partial:
+            return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back incomplete "
+                                                              f"({result.error})", metrics=metrics)
+        return AveragingOutcome(None, metrics=metrics)  # nobody else came: anyone out of step catches up
+    newest, digest = result.canonical
+    if not result.in_step:
+        reason = (f"behind: the group is at version {newest}, this learner at {version}" if newest > version else
+                  f"weights differ from the group's at version {version} (hash {digest[:12]}, ours {ours[:12]})")
+        return AveragingOutcome(None, resync=True, reason=reason, metrics=metrics)
+    if result.grads is None:
+        return AveragingOutcome(None, metrics={**metrics, "averaging_error": result.error or "no rows in the group"})
+    return AveragingOutcome(result.grads, metrics=metrics)
+
+
 class LearnerTeam:
     """Finds the run's authorised learners, averages each step's gradient with them, serves this
     learner's state to the others and catches up from theirs.
@@ -102,39 +128,23 @@ class LearnerTeam:
     def __call__(self, grads, rows: int, version: int) -> AveragingOutcome:
         if self.group is None or not self.others():
             return AveragingOutcome(None, metrics={"learners": 1.0})
-        result = self.group.average(grads, rows, version, self.weights_hash(), self.averaging_timeout_s)
+        ours = self.weights_hash()
+        result = self.group.average(grads, rows, version, ours, self.averaging_timeout_s)
         self.stats["rounds"] += 1
-        metrics = {"learners": float(len(result.members)), "averaging_seconds": round(result.seconds, 4),
-                   "group_rows": float(result.total_rows)}
-        if result.clamped:
-            metrics["clamped_gradients"] = float(result.clamped)
+        outcome = round_outcome(result, version, ours)
         if len(result.members) == 1:
-            if result.partial:
-                # a group met but this learner's all-reduce came back incomplete: the others may have
-                # stepped on the full result, and a step alone would publish other weights as this version
-                self.stats["incomplete"] += 1
-                return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back "
-                                                                  f"incomplete ({result.error})", metrics=metrics)
-            # nobody else came: step alone; anyone out of step catches up
-            self.stats["alone"] += 1
-            if self.events is not None:
+            self.stats["incomplete" if result.partial else "alone"] += 1
+            if not result.partial and self.events is not None:
                 self.events.event("averaging_alone", version=version, reason=result.error)
-            return AveragingOutcome(None, metrics=metrics)
+            return outcome
         self.stats["largest_group"] = max(self.stats["largest_group"], len(result.members))
-        newest, digest = result.canonical
         if not result.in_step:
-            reason = (f"behind: the group is at version {newest}, this learner at {version}" if newest > version else
-                      f"weights differ from the group's at version {version} (hash {digest[:12]}, ours "
-                      f"{self.weights_hash()[:12]})")
-            return AveragingOutcome(None, resync=True, reason=reason, metrics=metrics)
+            return outcome  # this learner is the one out of step: it downloads the group's state
         stragglers = [m for m in result.members if (m.version, m.weights_hash) != result.canonical]
         if stragglers and self.events is not None:
             self.events.event("learners_out_of_step", version=version,
                               peers={m.peer_id: {"version": m.version, "hash": m.weights_hash[:16]} for m in stragglers})
-        if result.grads is None:
-            reason = result.error or "no rows in the group"
-            return AveragingOutcome(None, metrics={**metrics, "averaging_error": reason})
-        return AveragingOutcome(result.grads, metrics=metrics)
+        return outcome
 
     # --- state handed to others, and taken from them ---
     def _state(self) -> tuple[dict, list[torch.Tensor]]:

@@ -385,3 +385,42 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
                 proc.kill()
                 proc.wait(timeout=30)
         log.close()
+
+
+def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
+    """LearnerTeam's choice after a round (team.round_outcome): the group's mean when it met in step;
+    its own gradient when nobody else came; no step but a download of the group's state when it is
+    behind, holds other weights, or its all-reduce came back incomplete (the others may have
+    stepped on the full mean: stepping alone would publish other weights as the same version)."""
+    from swarm.fabric.learner_group import RoundResult
+    from swarm.team import round_outcome
+
+    me, other = MemberState("me", 5, "a" * 64, 4), MemberState("other", 5, "a" * 64, 4)
+    mean = [torch.ones(3)]
+
+    def round_(members, *, grads=None, in_step=True, partial=False, error="", clamped=0):
+        return RoundResult(members=members, grads=grads, total_rows=sum(m.rows for m in members),
+                           canonical=canonical(members), in_step=in_step, seconds=0.5, clamped=clamped,
+                           error=error, partial=partial)
+
+    stepped = round_outcome(round_([me, other], grads=mean, clamped=2), 5, me.weights_hash)
+    assert stepped.grads is mean and not stepped.resync
+    assert stepped.metrics == {"learners": 2.0, "averaging_seconds": 0.5, "group_rows": 8.0, "clamped_gradients": 2.0}
+
+    alone = round_outcome(round_([me], error="no group formed"), 5, me.weights_hash)
+    assert alone.grads is None and not alone.resync and alone.metrics["learners"] == 1.0
+
+    incomplete = round_outcome(round_([me], partial=True, error="received 91.8% results"), 5, me.weights_hash)
+    assert incomplete.grads is None and incomplete.resync and "incomplete (received 91.8% results)" in incomplete.reason
+
+    ahead = MemberState("other", 6, "b" * 64, 4)
+    behind = round_outcome(round_([me, ahead], grads=mean, in_step=False), 5, me.weights_hash)
+    assert behind.grads is None and behind.resync and "group is at version 6, this learner at 5" in behind.reason
+
+    mine = MemberState("me", 5, "c" * 64, 4)
+    differs = round_outcome(round_([mine, other, MemberState("third", 5, "a" * 64, 4)], grads=mean, in_step=False), 5,
+                            mine.weights_hash)
+    assert differs.resync and f"hash {'a' * 12}, ours {'c' * 12}" in differs.reason
+
+    no_rows = round_outcome(round_([me, other], grads=None, error=""), 5, me.weights_hash)
+    assert no_rows.grads is None and not no_rows.resync and no_rows.metrics["averaging_error"] == "no rows in the group"
