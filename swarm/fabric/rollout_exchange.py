@@ -309,7 +309,7 @@ class RolloutInbox(InboxCore):
 
         try:
             await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason, "final": True}), writer)
-        except ConnectionError:
+        except (ConnectionError, asyncio.CancelledError):  # the sender is gone, or the inbox is closing
             writer.close()
             return
         await close_after_requester(reader, writer, REFUSAL_LINGER_S)
@@ -348,8 +348,10 @@ class RolloutSender:
             acks: list[dict] = []
             while len(acks) < len(frames):
                 ack = msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
-                acks.append(ack if isinstance(ack, dict) else {"ok": False, "reason": "the learner's ack is not a map"})
-                if acks[-1].get("final"):  # the learner refused the rest of the stream unread, and closes it
+                if not isinstance(ack, dict):
+                    ack = {"ok": False, "reason": "the learner's ack is not a map"}
+                acks.append(ack)
+                if ack.get("final"):  # the learner refused the rest of the stream unread, and closes it
                     acks += [{"ok": False, "reason": ack.get("reason", "?")} for _ in range(len(frames) - len(acks))]
             return acks
 
