@@ -2,13 +2,15 @@
 a namespace of the WAN harness, using the product's fabric, version store, weight server,
 follower (relay, busy holders, upload slots) and heartbeat.
 
-    python -m benchmarks.fanout_peer learner  --peers ADDR --dir D --megabytes M --slots S
+    python -m benchmarks.fanout_peer learner  --peers ADDR --dir D --megabytes M --slots S [--deltas K]
     python -m benchmarks.fanout_peer receiver --peers ADDR --dir D --key KEY --slots S [--no-relay]
 
-The learner holds version 0 (bfloat16 weights of about M MB, N(0, 0.02) like a trained model's)
-and version 1 (one signed step of 1e-4 on every weight, as AdamW takes: in bfloat16 about half the
-weights move by one ulp, so the delta is about the size of a real step's), announces version K
-when the file D/goK appears, and writes D/ready.json and D/served.json (transfers it served).
+The learner holds version 0 (bfloat16 weights of about M MB, N(0, 0.02) like a trained model's);
+version k >= 1 (up to K) is one signed step of 1e-4 on every weight of version k - 1, as AdamW
+takes: in bfloat16 about half the weights move by one ulp, so each delta is about the size of a
+real step's. It makes and announces version k when the file D/gok appears, and writes D/ready.json
+and D/served.json (transfers it served). Every peer keeps the last STORE_CAPACITY versions (a delta
+needs only the one before): several deltas in one run cost no more memory than one.
 A receiver follows the learner's announcements and writes D/events.jsonl (each version fetched:
 when, from whom, bytes, seconds).
 """
@@ -42,13 +44,21 @@ RUN_ID = "fanout"
 HEARTBEAT_S = default_of(SwarmSettings, "heartbeat_s")
 
 
-def versions(megabytes: float) -> tuple[dict, dict]:
+STORE_CAPACITY = 3
+
+
+def first_version(megabytes: float) -> dict:
     gen = torch.Generator().manual_seed(0)
     per = 1 << 20  # elements per tensor (2 MiB in bfloat16)
     count = max(1, int(megabytes * 1e6 / 2 / per))
-    v0 = {f"layer{i}.weight": (torch.randn(per, generator=gen) * 0.02).to(torch.bfloat16) for i in range(count)}
-    v1 = {k: (t.float() - 1e-4 * torch.sign(torch.randn(per, generator=gen))).to(torch.bfloat16) for k, t in v0.items()}
-    return v0, v1
+    return {f"layer{i}.weight": (torch.randn(per, generator=gen) * 0.02).to(torch.bfloat16) for i in range(count)}
+
+
+def stepped(state: dict, version: int) -> dict:
+    """Version `version`: one signed step of 1e-4 on every weight of `state` (the one before)."""
+    gen = torch.Generator().manual_seed(version)
+    return {k: (t.float() - 1e-4 * torch.sign(torch.randn(t.numel(), generator=gen))).to(torch.bfloat16)
+            for k, t in state.items()}
 
 
 def stopping() -> threading.Event:
@@ -61,8 +71,7 @@ def learner(args) -> None:
     stop = stopping()
     fabric = join(args.transport, run_id=RUN_ID, peers=[args.peers], role="learner", host="0.0.0.0",
                   upload_slots=args.slots or None)
-    store = VersionStore()
-    staged = versions(args.megabytes)
+    store = VersionStore(STORE_CAPACITY)
     announced: list[int] = []
 
     def beat() -> None:
@@ -79,7 +88,7 @@ def learner(args) -> None:
                 store.chunk_specs(version)
                 pulse.poke()
 
-    store.add(0, staged[0])
+    store.add(0, first_version(args.megabytes))
     sharers = SharerView(fabric)
     server = fabric.weight_server(store)
     pulse = Pulse(beat, HEARTBEAT_S)
@@ -87,11 +96,14 @@ def learner(args) -> None:
     write_json_atomic(out / "ready.json", {"pid": os.getpid(), "peer_id": fabric.peer_id,
                                            "learner_key": encode_learner_key(fabric.public_key)})
     while not stop.wait(0.05):
-        for version in (0, 1):
+        for version in range(args.deltas + 1):
             if version not in announced and (out / f"go{version}").exists():
-                if version == 1:
-                    sharers.publishing(1)  # as the learner peer does: who fetches the delta, looked up beside its encoding
-                    store.add(1, staged[1])  # encodes the delta from version 0, as a learner's publish does
+                if version > 0:
+                    with store.lock:
+                        before = store.states[version - 1]
+                    state = stepped(before, version)  # before the publish: not timed
+                    sharers.publishing(version)  # as the learner peer does: who fetches the delta, looked up beside its encoding
+                    store.add(version, state, owned=True)  # encodes the delta from the version before, as a publish does
                 announced.append(version)
                 write_json_atomic(out / f"announced{version}.json", {"time": time.time()})
                 pulse.poke()
@@ -107,7 +119,7 @@ def receiver(args) -> None:
     stop = stopping()
     fabric = join(args.transport, run_id=RUN_ID, peers=[args.peers], role="receiver", host="0.0.0.0",
                   upload_slots=args.slots or None)
-    store = VersionStore()
+    store = VersionStore(STORE_CAPACITY)
     server = fabric.weight_server(store)
     events = EventLog(Path(args.dir))
 
@@ -143,6 +155,7 @@ def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--megabytes", type=float, default=100.0)
     parser.add_argument("--slots", type=int, default=2, help="upload slots (0: no limit)")
+    parser.add_argument("--deltas", type=int, default=1, help="versions after the first, each one step on the last")
     parser.add_argument("--key", default="")
     parser.add_argument("--no-relay", action="store_true")
     parser.add_argument("--chunked", action="store_true", help="announce (learner) and fetch (receiver) in chunks")

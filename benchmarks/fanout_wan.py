@@ -29,12 +29,19 @@ which the table's CPU column reports.
     GEPO_FANOUT_MB=50 python -m benchmarks fanout_wan   # half the payload
     GEPO_FANOUT_TRANSPORT=grpc GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
     GEPO_FANOUT_MBIT=50 python -m benchmarks fanout_wan   # half the rate: half the CPU per second of transfer
+    GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
+
+GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
+reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
+have each one): single runs of a delta scatter by about 0.3 s, and K more deltas cost K times about
+5 s where K more runs would cost K times 80 s (mostly the snapshot).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,6 +54,7 @@ from benchmarks.wan_swarm import WanSwarm, records, wait_for
 # every peer's link, each way; GEPO_FANOUT_MBIT sets another (results then under fanout_wan[_grpc]_<rate>mbit)
 RATE_MBIT = float(os.environ.get("GEPO_FANOUT_MBIT", "100"))
 RECEIVERS = (1, 2, 4, 8)
+DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per run (the median is reported)
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
               "chunked": {"slots": 2, "relay": True, "chunked": True}}
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
@@ -76,7 +84,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             learner_dir = swarm.root / "learner"
             swarm.spawn(wan.host("learner", rate_mbit=RATE_MBIT), "learner",
                         ["learner", "--transport", transport, "--peers", addr, "--dir", str(learner_dir),
-                         "--megabytes", str(megabytes), "--slots", str(options["slots"]),
+                         "--megabytes", str(megabytes), "--slots", str(options["slots"]), "--deltas", str(DELTAS),
                          *(["--chunked"] if options["chunked"] else [])], program=PEER)
             wait_for(lambda: (learner_dir / "ready.json").exists(), 300, "the learner holding its versions", swarm)
             key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
@@ -89,26 +97,37 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            each = {}  # delta figures, one per delta
             uploaded = 0.0
-            for version, name in ((0, "snapshot"), (1, "delta")):
+            for version in range(DELTAS + 1):
+                name = "delta" if version else "snapshot"
                 psutil.cpu_percent()
                 (learner_dir / f"go{version}").touch()
                 wait_for(lambda: (learner_dir / f"announced{version}.json").exists(), 60, "the announcement", swarm)
                 at = json.loads((learner_dir / f"announced{version}.json").read_text())["time"]
                 wait_for(lambda: len(arrival_times(dirs, version, at)) == receivers, 900, f"{name} at every receiver",
                          swarm, poll_s=0.2)
-                row[f"{name}_s"] = max(arrival_times(dirs, version, at))
-                row[f"{name}_payload_s"] = max(arrival_times(dirs, version, at, payload=True))
-                row[f"{name}_cpu_percent"] = psutil.cpu_percent()
+                figures = {"s": max(arrival_times(dirs, version, at)),
+                           "payload_s": max(arrival_times(dirs, version, at, payload=True)),
+                           "cpu_percent": psutil.cpu_percent()}
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
-                row[f"{name}_mb"] = max(e["bytes"] for e in fetches) / 1e6
+                figures["mb"] = max(e["bytes"] for e in fetches) / 1e6
                 time.sleep(1.5)  # the learner writes served.json every 50 ms; a chunk may still be on its way
                 served = json.loads((learner_dir / "served.json").read_text())["bytes"] / 1e6
                 # copies of the payload the learner uploaded: its bytes served over the payload's size
-                row[f"{name}_learner_copies"] = (served - uploaded) / row[f"{name}_mb"]
+                figures["learner_copies"] = (served - uploaded) / figures["mb"]
                 uploaded = served
+                if version:
+                    for key, value in figures.items():
+                        each.setdefault(key, []).append(value)
+                else:
+                    row.update({f"snapshot_{key}": value for key, value in figures.items()})
         finally:
             swarm.stop_all()
+    for key, values in each.items():
+        row[f"delta_{key}"] = statistics.median(values)
+        if len(values) > 1:
+            row[f"delta_{key}_each"] = values
     return row
 
 
@@ -156,19 +175,27 @@ def run() -> dict:
         one = next((x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1), r)
         r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
         r["snapshot_payload_vs_one"] = r["snapshot_payload_s"] / one["snapshot_payload_s"]
-    name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit")
+        r["delta_payload_vs_one"] = r["delta_payload_s"] / one["delta_payload_s"]
+    name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
+        ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas")
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "rows": rows}
+    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "deltas": DELTAS, "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
           f"Seconds from the learner's announcement to the last sampler holding the verified version (payload s: "
           f"to the last holding all the payload's bytes, before applying them); "
-          f"learner copies: bytes it uploaded over the payload's size. Plot: {name}.png.\n\n" + markdown_table(
+          f"learner copies: bytes it uploaded over the payload's size. "
+          + ("" if DELTAS == 1 else f"Delta columns: the median of {DELTAS} deltas published one after the other. ")
+          + f"Plot: {name}.png.\n\n" + markdown_table(
               ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "payload s", "x one", "learner copies", "delta MB",
-               "delta s", "payload s", "x one", "learner copies", "CPU % (snapshot)"],
+               "delta s", "x one", "payload s", "x one", "learner copies", "CPU % (snapshot)"],
               [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"], r["snapshot_payload_s"],
                 r["snapshot_payload_vs_one"],
-                r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_payload_s"], r["delta_vs_one"],
-                r["delta_learner_copies"],
+                r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_payload_s"],
+                r["delta_payload_vs_one"], r["delta_learner_copies"],
                 r["snapshot_cpu_percent"]] for r in rows]))
+    if DELTAS > 1:
+        md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
+            ["strategy", "samplers", "payload s, each delta"],
+            [[r["strategy"], r["receivers"], ", ".join(f"{x:.2f}" for x in r["delta_payload_s_each"])] for r in rows])
     write_result(name, figures, md)
     return figures
