@@ -34,7 +34,9 @@ which the table's CPU column reports.
 GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
 reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
 have each one): single runs of a delta scatter by about 0.3 s, and K more deltas cost K times about
-5 s where K more runs would cost K times 80 s (mostly the snapshot).
+5 s where K more runs would cost K times 80 s (mostly the snapshot). GEPO_FANOUT_LINKS=1 also reads
+every peer's link counters at the bridge every 50 ms and reports how full the links were while
+each delta's payload went out (the learner's upload, the samplers' downloads).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -55,6 +58,10 @@ from benchmarks.wan_swarm import WanSwarm, records, wait_for
 RATE_MBIT = float(os.environ.get("GEPO_FANOUT_MBIT", "100"))
 RECEIVERS = (1, 2, 4, 8)
 DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per run (the median is reported)
+# GEPO_FANOUT_LINKS=1: read every peer's link counters every LINK_SAMPLE_S (one `ip` call, about 5 ms
+# of CPU) and report how full the links were while each delta went out
+LINKS = os.environ.get("GEPO_FANOUT_LINKS") == "1"
+LINK_SAMPLE_S = 0.05
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
               "chunked": {"slots": 2, "relay": True, "chunked": True}}
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
@@ -72,12 +79,50 @@ def arrival_times(dirs: list[Path], version: int, announced_at: float, *, payloa
     return found
 
 
+class LinkUse:
+    """Every peer's link counters, read every LINK_SAMPLE_S on a thread of its own (the kernel's
+    byte counts at the bridge, not what the peers say they sent)."""
+
+    def __init__(self, wan: Wan) -> None:
+        self.wan, self.samples, self._stop = wan, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="link-use")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LINK_SAMPLE_S):
+            try:
+                self.samples.append((time.time(), self.wan.public_traffic()))
+            except Exception:  # noqa: BLE001  the Wan is closing
+                return
+
+    def use(self, start: float, end: float) -> dict[str, tuple[float, float]]:
+        """Per host, (upload, download) between `start` and `end` as a share of its link's rate."""
+        inside = [s for s in self.samples if start <= s[0] <= end] or self.samples[-1:]
+        before = max((s for s in self.samples if s[0] < start), default=inside[0], key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] > end), default=inside[-1], key=lambda s: s[0])
+        capacity = max(after[0] - before[0], 1e-9) * RATE_MBIT * 1e6 / 8
+        return {name: ((after[1][name][0] - counts[0]) / capacity, (after[1][name][1] - counts[1]) / capacity)
+                for name, counts in before[1].items() if name in after[1]}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def link_figures(use: dict[str, tuple[float, float]]) -> dict:
+    """How full the links were: the learner's upload, the receivers' downloads (mean and least), in %."""
+    down = [d for name, (_, d) in use.items() if name.startswith("r")]
+    return {"learner_up_percent": 100 * use.get("learner", (0.0, 0.0))[0],
+            "down_mean_percent": 100 * sum(down) / max(1, len(down)), "down_least_percent": 100 * min(down, default=0.0)}
+
+
 def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, root: Path) -> dict:
     import psutil
 
     options = STRATEGIES[strategy]
     with Wan() as wan:
         swarm = WanSwarm(wan, root / f"{strategy}-{receivers}")
+        links = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
             addr = swarm.ready(boot)["addresses"][0]
@@ -97,6 +142,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            links = LinkUse(wan) if LINKS else None
             each = {}  # delta figures, one per delta
             uploaded = 0.0
             for version in range(DELTAS + 1):
@@ -112,6 +158,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                            "cpu_percent": psutil.cpu_percent()}
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
                 figures["mb"] = max(e["bytes"] for e in fetches) / 1e6
+                if links is not None:  # while the payload went out: announcement to the last holding it all
+                    figures.update(link_figures(links.use(at, at + figures["payload_s"])))
                 time.sleep(1.5)  # the learner writes served.json every 50 ms; a chunk may still be on its way
                 served = json.loads((learner_dir / "served.json").read_text())["bytes"] / 1e6
                 # copies of the payload the learner uploaded: its bytes served over the payload's size
@@ -123,6 +171,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 else:
                     row.update({f"snapshot_{key}": value for key, value in figures.items()})
         finally:
+            if links is not None:
+                links.close()
             swarm.stop_all()
     for key, values in each.items():
         row[f"delta_{key}"] = statistics.median(values)
@@ -181,7 +231,8 @@ def run() -> dict:
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas")
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "deltas": DELTAS, "rows": rows}
+    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "deltas": DELTAS, "links": LINKS,
+               "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
           f"Seconds from the learner's announcement to the last sampler holding the verified version (payload s: "
           f"to the last holding all the payload's bytes, before applying them); "
@@ -195,6 +246,12 @@ def run() -> dict:
                 r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_payload_s"],
                 r["delta_payload_vs_one"], r["delta_learner_copies"],
                 r["snapshot_cpu_percent"]] for r in rows]))
+    if LINKS:
+        md += ("\n\nHow full the links were while the delta's payload went out (announcement to the last sampler "
+               "holding it all; kernel byte counters every 50 ms; % of the link's rate; median over the deltas):\n\n"
+               + markdown_table(["strategy", "samplers", "learner upload %", "downloads %, mean", "least"],
+                                [[r["strategy"], r["receivers"], r["delta_learner_up_percent"], r["delta_down_mean_percent"],
+                                  r["delta_down_least_percent"]] for r in rows]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],

@@ -239,6 +239,7 @@ class Wan:
         self._hosts: dict[str, Host] = {}
         self._public = iter(INTERNET.hosts())
         self._ports = itertools.count()  # bridge-side veth names, p0, p1, ...: unique across the Wan
+        self._public_ports: dict[str, str] = {}  # host or router name -> its public leg's port on the internet bridge
         _live.add(self)
         try:
             self.core = self._netns("internet")  # the one name host() and nat() refuse
@@ -273,9 +274,10 @@ class Wan:
         _sh("ip", "-n", ns, "link", "set", "dev", dev, "addrgenmode", "none")
         _sh("ip", "-n", ns, "link", "set", "dev", dev, "up", *(["master", master] if master else []))
 
-    def _wire(self, ns: str, dev: str, switch_ns: str, bridge: str, rate_mbit: float | None) -> None:
-        """A veth from `ns` (named `dev` there) to a port of `bridge` in `switch_ns`, shaped both ways.
-        Both ends are created directly inside their namespaces, so nothing appears in the root one."""
+    def _wire(self, ns: str, dev: str, switch_ns: str, bridge: str, rate_mbit: float | None) -> str:
+        """A veth from `ns` (named `dev` there) to a port of `bridge` in `switch_ns`, shaped both ways;
+        returns the port's name. Both ends are created directly inside their namespaces, so nothing
+        appears in the root one."""
         port = f"p{next(self._ports)}"
         _sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", switch_ns)
         self._up(switch_ns, port, master=bridge)
@@ -283,12 +285,13 @@ class Wan:
         if rate_mbit is not None:
             _tbf(ns, dev, rate_mbit)  # upload
             _tbf(switch_ns, port, rate_mbit)  # download
+        return port
 
     def _public_leg(self, name: str, rate_mbit: float | None) -> tuple[str, str]:
         self._check(name)
         ns = self._netns(name)
         ip = str(next(self._public))
-        self._wire(ns, "eth0", self.core, "inet", rate_mbit)
+        self._public_ports[name] = self._wire(ns, "eth0", self.core, "inet", rate_mbit)
         _sh("ip", "-n", ns, "addr", "add", f"{ip}/{INTERNET.prefixlen}", "dev", "eth0")
         return ns, ip
 
@@ -304,6 +307,16 @@ class Wan:
         ns, ip = self._public_leg(name, rate_mbit)
         host = self._hosts[name] = Host(self, name, ns, ip, ip)
         return host
+
+    def public_traffic(self) -> dict[str, tuple[int, int]]:
+        """(bytes uploaded, bytes downloaded) so far by every host and router on the internet, read
+        from the bridge's ports in one call (Host.traffic costs a call per host)."""
+        import json
+
+        stats = {link["ifname"]: link["stats64"] for link in json.loads(_sh("ip", "-n", self.core, "-j", "-s", "link", "show"))}
+        # a port receives what its host sends
+        return {name: (stats[port]["rx"]["bytes"], stats[port]["tx"]["bytes"]) for name, port in self._public_ports.items()
+                if port in stats}
 
     def nat(self, name: str, *, rate_mbit: float | None = None, lan: str = "192.168.77.0/24") -> Router:
         """A router: a public leg like host()'s (uplink shaped to `rate_mbit`), a LAN bridge with the

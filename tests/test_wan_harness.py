@@ -134,6 +134,23 @@ def test_shaped_link_runs_at_its_rate_both_ways():
     assert up / unshaped > 5, (up, unshaped)
 
 
+def test_public_traffic_counts_each_hosts_upload_and_download():
+    """Wan.public_traffic reads every host's link at the internet bridge in one call: what a host
+    sends counts as its upload, what it receives as its download (the fan-out benchmark's link use)."""
+    nbytes = 500_000
+    with Wan() as wan:
+        a, b = wan.host("a"), wan.host("b")
+        wan.host("idle")
+        before = wan.public_traffic()
+        transfer(a, b, nbytes)
+        after = wan.public_traffic()
+    assert set(before) == set(after) == {"a", "b", "idle"}
+    grew = {name: (after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in after}
+    assert nbytes <= grew["a"][0] < 1.2 * nbytes and nbytes <= grew["b"][1] < 1.2 * nbytes, grew
+    assert grew["a"][1] < 0.2 * nbytes and grew["b"][0] < 0.2 * nbytes, grew  # acks, not the payload
+    assert max(grew["idle"]) < 0.05 * nbytes, grew
+
+
 @needs_nat
 def test_nat_hides_the_lan():
     with Wan() as wan:
