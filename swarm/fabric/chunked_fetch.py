@@ -323,9 +323,17 @@ class ChunkedFetch:
 
     def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False) -> bool | None:
         """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed."""
+        # a relaying peer passes a chunk from a whole holder on while it arrives (peers may be waiting
+        # for it here); one from a sharer only once it is here: two sharers that each take the other
+        # for its owner would otherwise each wait to pass on what the other has not got
+        sink = self.partial.receiving(index) if self.relays and peer in self.whole else None
         try:
-            data = self.client.piece(peer, self.spec, index, wait_s, force=force, relays=self.relays)
+            return self._keep(peer, index, self.client.piece(peer, self.spec, index, wait_s, force=force,
+                                                             relays=self.relays, sink=sink))
         except Redirected as exc:
+            if sink is not None:  # the chunk comes through another request now: that one passes it on
+                self.partial.received(index)
+                sink = None
             return self._redirected(peer, exc.target, index) if not force else False
         except HolderBusy:
             self._busy_answers[peer] += 1
@@ -343,6 +351,11 @@ class ChunkedFetch:
         except self.unreachable as exc:
             self._gone(peer, exc)
             return False
+        finally:
+            if sink is not None:
+                self.partial.received(index)
+
+    def _keep(self, peer: str, index: int, data: bytes) -> bool:
         if not self.partial.put(index, data):
             self._strike(peer, CorruptVersion(f"chunk {index} of {self.spec.kind} {self.spec.version} does not match "
                                               "its digest"))

@@ -41,7 +41,7 @@ from swarm.fabric.grpc_common import (
 from swarm.fabric.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
 from swarm.fabric.announcements import Announced, newest_authorised
 from swarm.fabric.grpc_registry import MAX_MEMBER_PAGES
-from swarm.fabric.chunks import ChunkSpec
+from swarm.fabric.chunks import ChunkCutOff, ChunkSpec
 from swarm.fabric.grpc_weights import WEIGHTS, GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.records import EXPIRY_HEARTBEATS, Heartbeat, RunSampling
@@ -163,10 +163,13 @@ class GrpcPeerServer:
             if not isinstance(request, dict):
                 yield pack({"ok": False, "reason": "a weight request is a map {have, want}"})
                 return
-            for message in handler(request, caller.key, caller.peer):
-                watch.expect(self.weight_send_s)  # a receiver that stops reading is cut, and frees this thread
-                yield message
-                watch.hold()
+            try:
+                for message in handler(request, caller.key, caller.peer):
+                    watch.expect(self.weight_send_s)  # a receiver that stops reading is cut, and frees this thread
+                    yield message
+                    watch.hold()
+            except ChunkCutOff as exc:  # a chunk passed on as it arrived here did not arrive whole: the requester asks again
+                context.abort(grpc.StatusCode.ABORTED, str(exc))
         finally:
             watch.close()
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from swarm.fabric.announcement_push import PUSH_OP, answer_push
-from swarm.fabric.chunks import chunk_answer, slot_share, takes_slot
+from swarm.fabric.chunks import FORWARD_PIECE_BYTES, ChunkCutOff, ChunkFeed, chunk_answer, slot_share, takes_slot
 from swarm.fabric.grpc_common import CHUNK_BYTES, SERVICE, RequestSigner, pack, unpack
 from swarm.fabric.upload_slots import UploadSlots
 from swarm.fabric.versions import (
@@ -18,6 +18,7 @@ from swarm.fabric.versions import (
     check_payload_count,
     check_payload_size,
     refuse_unless_ok,
+    send_deadline,
 )
 from swarm.fabric.weight_delta import MAX_PAYLOAD_BYTES, CorruptVersion
 
@@ -69,16 +70,22 @@ class GrpcWeightServer:
             return
         try:
             yield pack(header)
-            yield from self._pieces(data)
+            if isinstance(data, ChunkFeed):  # on its way here: passed on as it arrives (ChunkCutOff: cut)
+                deadline = send_deadline(len(data))
+                while (piece := data.next(deadline)) is not None:
+                    self.bytes_served += len(piece)
+                    yield piece
+            else:  # in pieces a receiver can pass on as they come
+                yield from self._pieces(data, FORWARD_PIECE_BYTES)
         finally:
             if takes_slot(request):
                 self.slots.release(slot_share(len(data)))
 
-    def _pieces(self, payload: bytes):
-        """A payload in messages of at most CHUNK_BYTES, counted as they go (a receiver that has
+    def _pieces(self, payload: bytes, size: int = CHUNK_BYTES):
+        """A payload in messages of at most `size` bytes, counted as they go (a receiver that has
         all it wants closes the call before this generator runs on)."""
-        for start in range(0, len(payload), CHUNK_BYTES):
-            piece = payload[start : start + CHUNK_BYTES]
+        for start in range(0, len(payload), size):
+            piece = payload[start : start + size]
             self.bytes_served += len(piece)
             yield piece
 
@@ -103,8 +110,8 @@ class GrpcWeightClient(RebuildingClient):
     def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
         return self._call(holder, {"have": have, "want": want}, have, want, self.timeout_s)
 
-    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
-        return self._call(holder, request, None, request["version"], timeout, single=size)[0]
+    def _single(self, holder, request: dict, size: int, timeout: float, sink=None) -> bytes:
+        return self._call(holder, request, None, request["version"], timeout, single=size, sink=sink)[0]
 
     def tell(self, peer: str, request: dict, timeout: float) -> dict:
         """`peer`'s answer to a request that brings no payload back (a pushed announcement)."""
@@ -121,13 +128,20 @@ class GrpcWeightClient(RebuildingClient):
             messages.cancel()
 
     def _call(self, holder: str, request: dict, have: int | None, want: int, timeout: float,
-              single: int | None = None) -> list[bytes]:
+              single: int | None = None, sink=None) -> list[bytes]:
+        import grpc
+
         body = pack(request)
         call = self._channels.get(holder).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
         messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))
         try:
             sizes = self._sizes(holder, have, want, next(messages, None), single)
-            return [self._payload(holder, messages, size, single) for size in sizes]
+            try:
+                return [self._payload(holder, messages, size, single, sink) for size in sizes]
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.ABORTED and request.get("op") == "chunk":
+                    raise ChunkCutOff(f"holder {holder} cut the chunk off: {exc.details()}") from exc
+                raise
         finally:
             messages.cancel()  # a refused transfer stops the holder's sending as well
 
@@ -148,7 +162,7 @@ class GrpcWeightClient(RebuildingClient):
         limit = self.max_payload_bytes if single is None else single
         return [check_payload_size(size, holder, limit) for size in sizes]  # all, before reading any
 
-    def _payload(self, holder: str, messages, size: int, single: int | None = None) -> bytes:
+    def _payload(self, holder: str, messages, size: int, single: int | None = None, sink=None) -> bytes:
         parts, got = [], 0
         while got < size:
             chunk = next(messages, None)
@@ -159,6 +173,8 @@ class GrpcWeightClient(RebuildingClient):
                                      f"payload (chunks are 1..{CHUNK_BYTES} bytes and end where the payload does)")
             parts.append(chunk)
             got += len(chunk)
+            if sink is not None:
+                sink(chunk)
             if self.on_received is not None and single is None:
                 self.on_received(len(chunk))
         return b"".join(parts)  # a wrong content fails the hash check

@@ -28,8 +28,11 @@ from swarm.fabric.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_p
 from swarm.fabric.chunks import (
     MAX_PEER_ID_CHARS,
     MAX_WAITERS,
+    FORWARD_PIECE_BYTES,
     SLOT_WAIT_S,
     ChunkBook,
+    ChunkCutOff,
+    ChunkFeed,
     ChunkSpec,
     Redirected,
     answer_limit,
@@ -268,7 +271,11 @@ class WeightServer:
                     await P2P.send_raw_data(msgpack.packb(await self._push_answer(request)), writer)
                     return
                 if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
-                    sent = await self._chunk(request, writer, str(stream_info.peer_id))
+                    try:
+                        sent = await self._chunk(request, writer, str(stream_info.peer_id))
+                    except ChunkCutOff as exc:  # cut at once: the requester asks again
+                        logger.debug("chunk passed on to %s cut off: %s", stream_info.peer_id, exc)
+                        writer.close()
                     return
                 have, want = request.get("have"), request.get("want")
                 if not isinstance(want, int) or isinstance(want, bool):
@@ -336,12 +343,27 @@ class WeightServer:
             return 0
         try:
             await P2P.send_raw_data(msgpack.packb(header), writer)
-            await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
+            if isinstance(data, ChunkFeed):
+                await self._pass_on(data, writer)
+            else:
+                await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
             self.bytes_served += len(data)
             return len(data)
         finally:
             if slot:
                 self.slots.release(share)
+
+    async def _pass_on(self, feed: ChunkFeed, writer) -> None:
+        """A chunk sent as it arrives here (framed as any payload: its size, then its bytes).
+        Raises ChunkCutOff when it fails to arrive whole and verified: the stream is then cut."""
+        from hivemind.p2p import P2P
+
+        loop = asyncio.get_running_loop()
+        deadline = send_deadline(len(feed))
+        writer.write(len(feed).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+        while (piece := await loop.run_in_executor(self._waits, feed.next, deadline)) is not None:
+            writer.write(piece)
+            await asyncio.wait_for(writer.drain(), deadline)
 
     def close(self) -> None:
         self._host.close()
@@ -373,20 +395,25 @@ class RebuildingClient:
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         raise NotImplementedError
 
-    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
-        """One answer of at most `size` bytes to `request` (a manifest or chunk request)."""
+    def _single(self, holder, request: dict, size: int, timeout: float,
+                sink: Callable[[bytes], None] | None = None) -> bytes:
+        """One answer of at most `size` bytes to `request` (a manifest or chunk request); `sink`
+        hears its bytes as they arrive, in order (what it is given is exactly what is returned).
+        Raises ChunkCutOff when the holder cut the answer off once it had begun."""
         raise NotImplementedError
 
     def piece(self, holder, spec: ChunkSpec, index: int | None, wait_s: float = 0.0, *, force: bool = False,
-              relays: bool = False) -> bytes:
+              relays: bool = False, sink: Callable[[bytes], None] | None = None) -> bytes:
         """The manifest (index None) or chunk `index` of `spec`'s payload from `holder`, of exactly
         the size it must have and not verified yet (the caller checks it against the spec).
         KeyError: not held there (Redirected: it sent the chunk to another peer, unless `force`);
-        HolderBusy: no upload slot; CorruptVersion: a malformed answer. `relays`: this peer serves
-        the chunk on, so the holder may send other requesters here."""
+        HolderBusy: no upload slot (ChunkCutOff: the holder passed the chunk on as it arrived there,
+        and it did not arrive whole); CorruptVersion: a malformed answer. `relays`: this peer serves
+        the chunk on, so the holder may send other requesters here; `sink`: hears the chunk's bytes
+        as they arrive (Partial.receiving)."""
         size = answer_limit(spec, index)
         data = self._single(holder, chunk_request(spec, index, wait_s, force=force, relays=relays), size,
-                            wait_s + send_deadline(size))
+                            wait_s + send_deadline(size), sink)
         if len(data) != size:
             raise CorruptVersion(f"holder {holder} sent {len(data)} bytes where {size} were due")
         return data
@@ -467,8 +494,10 @@ class WeightClient(RebuildingClient):
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         return self._client.run(self._request(holder, {"have": have, "want": want}, have, want), timeout=self.timeout_s)
 
-    def _single(self, holder, request: dict, size: int, timeout: float) -> bytes:
-        return self._client.run(self._request(holder, request, None, request["version"], size), timeout=timeout)[0]
+    def _single(self, holder, request: dict, size: int, timeout: float,
+                sink: Callable[[bytes], None] | None = None) -> bytes:
+        return self._client.run(self._request(holder, request, None, request["version"], size, sink),
+                                timeout=timeout)[0]
 
     def tell(self, peer, request: dict, timeout: float) -> dict:
         """`peer`'s answer to a request that brings no payload back (a pushed announcement)."""
@@ -487,10 +516,24 @@ class WeightClient(RebuildingClient):
         finally:
             writer.close()
 
-    async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None) -> list[bytes]:
+    async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None,
+                       sink: Callable[[bytes], None] | None = None) -> list[bytes]:
         """The payloads a holder sends for `request`: have -> want's, or (`single`) one answer of
-        at most that many bytes."""
+        at most that many bytes (its bytes given to `sink` as they come)."""
         from hivemind.p2p import P2P
+
+        async def pass_on(size: int) -> bytes:
+            parts = []
+            try:
+                while size > 0:
+                    parts.append(await reader.readexactly(min(size, FORWARD_PIECE_BYTES)))
+                    size -= len(parts[-1])
+                    if sink is not None:
+                        sink(parts[-1])
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:  # passed on as it arrived there, and
+                # it did not arrive whole (or the holder left: the next request to it will fail)
+                raise ChunkCutOff(f"holder {peer_id} cut the chunk off {size} bytes short ({type(exc).__name__})") from exc
+            return b"".join(parts)
 
         async def receive(limit: int, counted: bool = False) -> bytes:
             # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
@@ -517,7 +560,11 @@ class WeightClient(RebuildingClient):
             refuse_unless_ok(header, peer_id, want)
             if single is not None:
                 check_payload_count(header.get("count"), None, want, peer_id)
-                return [await receive(single)]
+                if request.get("op") != "chunk":
+                    return [await receive(single)]
+                size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER),
+                                          peer_id, single)
+                return [await pass_on(size)]
             count = check_payload_count(header.get("count"), have, want, peer_id)
             return [await receive(self.max_payload_bytes, counted=True) for _ in range(count)]
         finally:
