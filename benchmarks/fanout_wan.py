@@ -12,7 +12,8 @@ Two strategies:
 - chunked: the product's default (swarm/fabric/chunked_fetch.py): the samplers fetching a payload
   deal its chunks (1 MiB for the snapshot, 256 KiB for the delta: chunks.chunk_bytes_for) out in
   stripes, each takes its own stripe from whole holders (the learner, 2 upload slots) and every
-  other chunk from its stripe's owner, which forwards each verified chunk as it arrives (cut-through).
+  other chunk from its stripe's owner, which passes each chunk on as its bytes arrive (cut-through;
+  the last byte once the chunk verified).
 
 Two payloads: a snapshot of about 100 MB (bfloat16, what a new sampler fetches) and the delta of
 one AdamW-sized step on it (what every sampler fetches after each step; it changes half the

@@ -3,8 +3,9 @@
 Peers that fetch the same payload at the same time share the work out, the scatter-then-gather
 scheme of pipelined broadcast: the payload's chunks are dealt round-robin among them (stripes).
 Each fetches its own stripe from peers that hold the whole payload (relays first, the learner
-last) and every other chunk from the peer whose stripe it is, which serves it as soon as it has it
-(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way), round by round and each
+last) and every other chunk from the peer whose stripe it is, which passes it on as its bytes arrive
+(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way, then sends its bytes as
+they come, the last one once the chunk verified there), round by round and each
 round from the owner after it on (`turn`), so that no owner is asked by every peer at once. So
 the learner uploads about one copy however many peers fetch, each fetching peer uploads (n-1)/n
 of a copy, and a version reaches n peers in about one transfer time plus a chunk per hop: every
