@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from swarm.fabric.chunks import ChunkFeed
 from swarm.fabric.follower import VersionFollower, fetch_from_holders
 from swarm.fabric.identity import decode_learner_key, encode_learner_key
 from swarm.fabric.pulse import Pulse
@@ -93,6 +94,8 @@ def follow(args) -> None:
 
         def tampered(kind, version, root, index, wait_s):
             data = honest(kind, version, root, index, wait_s)
+            if isinstance(data, ChunkFeed):  # a chunk still arriving here: taken whole, then tampered with
+                data = b"".join(iter(lambda: data.next(30.0), None))
             return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
 
         store.book.lookup = tampered
