@@ -72,9 +72,7 @@ class GrpcWeightServer:
             yield pack(header)
             if isinstance(data, ChunkFeed):  # on its way here: passed on as it arrives (ChunkCutOff: cut)
                 deadline = send_deadline(len(data))
-                while (piece := data.next(deadline)) is not None:
-                    self.bytes_served += len(piece)
-                    yield piece
+                yield from self._counted(iter(lambda: data.next(deadline), None))
             else:  # in pieces a receiver can pass on as they come
                 yield from self._pieces(data, FORWARD_PIECE_BYTES)
         finally:
@@ -82,10 +80,13 @@ class GrpcWeightServer:
                 self.slots.release(slot_share(len(data)))
 
     def _pieces(self, payload: bytes, size: int = CHUNK_BYTES):
-        """A payload in messages of at most `size` bytes, counted as they go (a receiver that has
-        all it wants closes the call before this generator runs on)."""
-        for start in range(0, len(payload), size):
-            piece = payload[start : start + size]
+        """A payload in messages of at most `size` bytes (`_counted`)."""
+        return self._counted(payload[start : start + size] for start in range(0, len(payload), size))
+
+    def _counted(self, pieces):
+        """`pieces`, counted as they go (a receiver that has all it wants closes the call before
+        this generator runs on)."""
+        for piece in pieces:
             self.bytes_served += len(piece)
             yield piece
 

@@ -522,31 +522,25 @@ class WeightClient(RebuildingClient):
         at most that many bytes (its bytes given to `sink` as they come)."""
         from hivemind.p2p import P2P
 
-        async def pass_on(size: int) -> bytes:
-            parts = []
-            try:
-                while size > 0:
-                    parts.append(await reader.readexactly(min(size, FORWARD_PIECE_BYTES)))
-                    size -= len(parts[-1])
-                    if sink is not None:
-                        sink(parts[-1])
-            except (asyncio.IncompleteReadError, ConnectionError) as exc:  # passed on as it arrived there, and
-                # it did not arrive whole (or the holder left: the next request to it will fail)
-                raise ChunkCutOff(f"holder {peer_id} cut the chunk off {size} bytes short ({type(exc).__name__})") from exc
-            return b"".join(parts)
-
-        async def receive(limit: int, counted: bool = False) -> bytes:
+        async def receive(limit: int, heard: Callable[[bytes], None] | None = None, piece: int = RECEIVE_PIECE_BYTES,
+                          cut_off: bool = False) -> bytes:
             # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
             size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER), peer_id, limit)
-            heard = self.on_received if counted else None
-            if heard is None:
-                return await reader.readexactly(size)
-            parts = []  # in pieces, each one heard of (readexactly holds the whole payload twice at its end too)
-            while size > 0:
-                parts.append(await reader.readexactly(min(size, RECEIVE_PIECE_BYTES)))
-                size -= len(parts[-1])
-                heard(len(parts[-1]))
-            return b"".join(parts)
+            try:
+                if heard is None:
+                    return await reader.readexactly(size)
+                parts = []  # in pieces, each one heard of (readexactly holds the whole payload twice at its end too)
+                while size > 0:
+                    parts.append(await reader.readexactly(min(size, piece)))
+                    size -= len(parts[-1])
+                    heard(parts[-1])
+                return b"".join(parts)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                if not cut_off:
+                    raise
+                # a chunk passed on as it arrived there that did not arrive whole (or the holder
+                # left: the next request to it will fail)
+                raise ChunkCutOff(f"holder {peer_id} cut the chunk off ({type(exc).__name__})") from exc
 
         reader, writer = await self._client.open(peer_id)
         try:
@@ -560,13 +554,11 @@ class WeightClient(RebuildingClient):
             refuse_unless_ok(header, peer_id, want)
             if single is not None:
                 check_payload_count(header.get("count"), None, want, peer_id)
-                if request.get("op") != "chunk":
-                    return [await receive(single)]
-                size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER),
-                                          peer_id, single)
-                return [await pass_on(size)]
+                return [await receive(single, sink, FORWARD_PIECE_BYTES, cut_off=request.get("op") == "chunk")]
             count = check_payload_count(header.get("count"), have, want, peer_id)
-            return [await receive(self.max_payload_bytes, counted=True) for _ in range(count)]
+            heard = self.on_received
+            counted = None if heard is None else (lambda part: heard(len(part)))
+            return [await receive(self.max_payload_bytes, counted) for _ in range(count)]
         finally:
             writer.close()
 
