@@ -24,7 +24,10 @@ learner's announcement to the last sampler holding the verified version, and to 
 all of the payload's bytes (what the strategy decides; applying a delta is CPU work that 8
 receivers here do on two shared cores); followers poll every 0.25 s. No delay emulation (no
 netem here): links add bandwidth limits, not latency. All peers share this machine's two cores,
-which the table's CPU column reports.
+which the table's CPU columns report: for the snapshot from its announcement to every sampler
+holding it, for a delta while its payload went out (announcement to the last sampler holding all
+its bytes, sampled every 0.1 s). Samplers that hold the payload start applying it while others
+still receive theirs, on the same two cores.
 
     python -m benchmarks fanout_wan            # results in benchmarks/results/fanout_wan.{json,md,png}
     GEPO_FANOUT_MB=50 python -m benchmarks fanout_wan   # half the payload
@@ -63,6 +66,7 @@ DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per 
 # of CPU) and report how full the links were while each delta went out
 LINKS = os.environ.get("GEPO_FANOUT_LINKS") == "1"
 LINK_SAMPLE_S = 0.05
+CPU_SAMPLE_S = 0.1
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
               "chunked": {"slots": 2, "relay": True, "chunked": True}}
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
@@ -110,6 +114,35 @@ class LinkUse:
         self._thread.join(5)
 
 
+class CpuUse:
+    """How busy this machine's cores were (all peers share them), read every CPU_SAMPLE_S on a
+    thread of its own: while a payload goes out, a core that is always busy means the figure
+    measures the cores as much as the links."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._times, self.samples, self._stop = psutil.cpu_times, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-use")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(CPU_SAMPLE_S):
+            times = self._times()
+            idle = times.idle + getattr(times, "iowait", 0.0)
+            self.samples.append((time.time(), sum(times) - idle, sum(times)))
+
+    def percent(self, start: float, end: float) -> float:
+        """% of all cores busy between the samples around `start` and `end`."""
+        before = max((s for s in self.samples if s[0] <= start), default=self.samples[0], key=lambda s: s[0])
+        after = min((s for s in self.samples if s[0] >= end), default=self.samples[-1], key=lambda s: s[0])
+        return 100 * (after[1] - before[1]) / max(after[2] - before[2], 1e-9)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def link_figures(use: dict[str, tuple[float, float]]) -> dict:
     """How full the links were: the learner's upload, the receivers' downloads (mean and least), in %."""
     down = [d for name, (_, d) in use.items() if name.startswith("r")]
@@ -123,7 +156,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
     options = STRATEGIES[strategy]
     with Wan() as wan:
         swarm = WanSwarm(wan, root / f"{strategy}-{receivers}")
-        links = None
+        links = cpu = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
             addr = swarm.ready(boot)["addresses"][0]
@@ -144,6 +177,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
             links = LinkUse(wan) if LINKS else None
+            cpu = CpuUse()
             each = {}  # delta figures, one per delta
             uploaded = 0.0
             for version in range(DELTAS + 1):
@@ -157,6 +191,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 figures = {"s": max(arrival_times(dirs, version, at)),
                            "payload_s": max(arrival_times(dirs, version, at, payload=True)),
                            "cpu_percent": psutil.cpu_percent()}
+                figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
                 figures["mb"] = max(e["bytes"] for e in fetches) / 1e6
                 if links is not None:  # while the payload went out: announcement to the last holding it all
@@ -174,6 +209,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
         finally:
             if links is not None:
                 links.close()
+            if cpu is not None:
+                cpu.close()
             swarm.stop_all()
     for key, values in each.items():
         row[f"delta_{key}"] = statistics.median(values)
@@ -241,12 +278,12 @@ def run() -> dict:
           + ("" if DELTAS == 1 else f"Delta columns: the median of {DELTAS} deltas published one after the other. ")
           + f"Plot: {name}.png.\n\n" + markdown_table(
               ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "payload s", "x one", "learner copies", "delta MB",
-               "delta s", "x one", "payload s", "x one", "learner copies", "CPU % (snapshot)"],
+               "delta s", "x one", "payload s", "x one", "learner copies", "CPU % (snapshot)", "CPU % (delta payload)"],
               [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"], r["snapshot_payload_s"],
                 r["snapshot_payload_vs_one"],
                 r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_payload_s"],
                 r["delta_payload_vs_one"], r["delta_learner_copies"],
-                r["snapshot_cpu_percent"]] for r in rows]))
+                r["snapshot_cpu_percent"], r["delta_payload_cpu_percent"]] for r in rows]))
     if LINKS:
         md += ("\n\nHow full the links were while the delta's payload went out (announcement to the last sampler "
                "holding it all; kernel byte counters every 50 ms; % of the link's rate; median over the deltas):\n\n"
