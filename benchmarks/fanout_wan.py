@@ -84,63 +84,75 @@ def arrival_times(dirs: list[Path], version: int, announced_at: float, *, payloa
     return found
 
 
-class LinkUse:
-    """Every peer's link counters, read every LINK_SAMPLE_S on a thread of its own (the kernel's
-    byte counts at the bridge, not what the peers say they sent)."""
+class Counters:
+    """Counters read every `every_s` on a thread of its own: `samples` are (time, *read())."""
 
-    def __init__(self, wan: Wan) -> None:
-        self.wan, self.samples, self._stop = wan, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="link-use")
+    def __init__(self, every_s: float, name: str) -> None:
+        self.every_s, self.samples, self._stop = every_s, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=name)
         self._thread.start()
 
+    def read(self) -> tuple:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        while not self._stop.wait(LINK_SAMPLE_S):
+        while not self._stop.wait(self.every_s):
             try:
-                self.samples.append((time.time(), self.wan.public_traffic()))
-            except Exception:  # noqa: BLE001  the Wan is closing
+                self.samples.append((time.time(), *self.read()))
+            except Exception:  # noqa: BLE001  what they count is going away (the Wan is closing)
                 return
 
-    def use(self, start: float, end: float) -> dict[str, tuple[float, float]]:
-        """Per host, (upload, download) between `start` and `end` as a share of its link's rate."""
+    def around(self, start: float, end: float) -> tuple[tuple, tuple]:
+        """The last sample before `start` and the first after `end` (the window's own first and
+        last where there are none)."""
         inside = [s for s in self.samples if start <= s[0] <= end] or self.samples[-1:]
         before = max((s for s in self.samples if s[0] < start), default=inside[0], key=lambda s: s[0])
         after = min((s for s in self.samples if s[0] > end), default=inside[-1], key=lambda s: s[0])
+        return before, after
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class LinkUse(Counters):
+    """Every peer's link counters, read every LINK_SAMPLE_S (the kernel's byte counts at the
+    bridge, not what the peers say they sent)."""
+
+    def __init__(self, wan: Wan) -> None:
+        self.wan = wan
+        super().__init__(LINK_SAMPLE_S, "link-use")
+
+    def read(self) -> tuple:
+        return (self.wan.public_traffic(),)
+
+    def use(self, start: float, end: float) -> dict[str, tuple[float, float]]:
+        """Per host, (upload, download) between `start` and `end` as a share of its link's rate."""
+        before, after = self.around(start, end)
         capacity = max(after[0] - before[0], 1e-9) * RATE_MBIT * 1e6 / 8
         return {name: ((after[1][name][0] - counts[0]) / capacity, (after[1][name][1] - counts[1]) / capacity)
                 for name, counts in before[1].items() if name in after[1]}
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
-
-class CpuUse:
-    """How busy this machine's cores were (all peers share them), read every CPU_SAMPLE_S on a
-    thread of its own: while a payload goes out, a core that is always busy means the figure
-    measures the cores as much as the links."""
+class CpuUse(Counters):
+    """How busy this machine's cores were (all peers share them), read every CPU_SAMPLE_S: while a
+    payload goes out, a core that is always busy means the figure measures the cores as much as
+    the links. Samples are (time, busy seconds, all seconds), summed over the cores."""
 
     def __init__(self) -> None:
         import psutil
 
-        self._times, self.samples, self._stop = psutil.cpu_times, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="cpu-use")
-        self._thread.start()
+        self._times = psutil.cpu_times
+        super().__init__(CPU_SAMPLE_S, "cpu-use")
 
-    def _run(self) -> None:
-        while not self._stop.wait(CPU_SAMPLE_S):
-            times = self._times()
-            idle = times.idle + getattr(times, "iowait", 0.0)
-            self.samples.append((time.time(), sum(times) - idle, sum(times)))
+    def read(self) -> tuple:
+        times = self._times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0), sum(times)
 
     def percent(self, start: float, end: float) -> float:
         """% of all cores busy between the samples around `start` and `end`."""
-        before = max((s for s in self.samples if s[0] <= start), default=self.samples[0], key=lambda s: s[0])
-        after = min((s for s in self.samples if s[0] >= end), default=self.samples[-1], key=lambda s: s[0])
+        before, after = self.around(start, end)
         return 100 * (after[1] - before[1]) / max(after[2] - before[2], 1e-9)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def link_figures(use: dict[str, tuple[float, float]]) -> dict:

@@ -21,7 +21,6 @@ from swarm.fabric.chunks import (
     MIN_CHUNK_BYTES,
     TARGET_CHUNKS,
     ChunkBook,
-    ChunkFeed,
     ChunkSpec,
     Partial,
     chunk_answer,
@@ -41,6 +40,7 @@ from swarm.fabric.upload_slots import UploadSlots
 from swarm.fabric.versions import VersionStore
 from swarm.fabric.weight_delta import CorruptVersion, state_hash
 from swarm.staleness import SecondsDelay
+from tests.wan_weights import corrupting
 
 CHUNK = MIN_CHUNK_BYTES
 
@@ -392,15 +392,7 @@ def share_out(make_fabric, corrupt: bool):
     server = learner_fabric.weight_server(store)
     samplers = [Sampler(make_fabric(heartbeat_s=0.5), learner_fabric.public_key, i) for i in range(3)]
     if corrupt:
-        honest = samplers[0].store.book.lookup
-
-        def lookup(kind, version, root, index, wait_s):
-            data = honest(kind, version, root, index, wait_s)
-            if isinstance(data, ChunkFeed):  # a chunk still arriving here (cut-through): taken whole, then tampered with
-                data = b"".join(iter(lambda: data.next(30.0), None))
-            return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
-
-        samplers[0].store.book.lookup = lookup
+        samplers[0].store.book.lookup = corrupting(samplers[0].store.book.lookup)
     wait_until(lambda: sum(m.record.relay for m in learner_fabric.members()) == 3, 30, "three relaying samplers")
     v0, v1 = versions()
     sizes = {}

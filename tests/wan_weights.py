@@ -86,19 +86,24 @@ def wait_stopped() -> None:
         pass
 
 
+def corrupting(lookup):
+    """A ChunkBook.lookup that answers every chunk with its first byte flipped (a hostile relay):
+    a chunk still arriving here (a ChunkFeed, cut-through) is taken whole, then tampered with."""
+
+    def tampered(kind, version, root, index, wait_s):
+        data = lookup(kind, version, root, index, wait_s)
+        if isinstance(data, ChunkFeed):
+            data = b"".join(iter(lambda: data.next(30.0), None))
+        return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
+
+    return tampered
+
+
 def follow(args) -> None:
     fabric = join(args.transport, run_id=args.run_id, peers=[args.peers], role="sampler", host="0.0.0.0")
     store = VersionStore()
     if args.corrupt:
-        honest = store.book.lookup
-
-        def tampered(kind, version, root, index, wait_s):
-            data = honest(kind, version, root, index, wait_s)
-            if isinstance(data, ChunkFeed):  # a chunk still arriving here: taken whole, then tampered with
-                data = b"".join(iter(lambda: data.next(30.0), None))
-            return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
-
-        store.book.lookup = tampered
+        store.book.lookup = corrupting(store.book.lookup)
     server = fabric.weight_server(store)
     out = Path(args.out)
 
