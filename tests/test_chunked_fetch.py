@@ -1,7 +1,7 @@
-"""A chunked fetch (swarm/fabric/chunked_fetch.py) against real holders on loopback: peers whose
-plans differ, a redirect to a peer that has left, a sharer this peer avoids, a chunk asked for the
-moment a fetch starts, a manifest asked for already, who shares a payload out, and a fetch whose
-holders all lack it. The chunks themselves and whole swarms sharing versions out: test_chunks.py."""
+"""A chunked fetch (swarm/fabric/chunked_fetch.py) against real holders on loopback: a chain of
+peers with one gone from its middle, peers whose stripe plans differ, a redirect to a peer that has
+left, a sharer this peer avoids, a chunk asked for the moment a fetch starts, a manifest asked for
+already, who shares a payload out, the plans peers make, and a fetch whose holders all lack it. The chunks themselves and whole swarms sharing versions out: test_chunks.py."""
 
 import threading
 import time
@@ -9,6 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 
+import swarm.fabric.chunked_fetch as chunked_fetch
 from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
 from swarm.fabric.records import Heartbeat, Member
@@ -33,6 +34,45 @@ def fetch_by(peer, book, spec, whole, sharers, on_corrupt=lambda p, e: None, **o
 
 
 @pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
+def test_a_chain_passes_the_payload_along_and_closes_over_a_peer_gone_from_its_middle(make_fabric):
+    """Four sharers make one chain in their sorted order; the second has left. The first takes the
+    payload from the learner, the third from the first once the second failed it, the fourth from
+    the third, each passing chunks on as they arrive: bit for bit, and one copy from the learner."""
+    learner, store, spec = learner_with_a_snapshot(make_fabric)
+    server = learner.weight_server(store)
+    peers = sorted((make_fabric() for _ in range(4)), key=lambda peer: peer.peer_id)
+    sharers = [peer.peer_id for peer in peers]
+    gone = peers.pop(1)
+    gone.shutdown()
+    stores = [VersionStore() for _ in peers]
+    servers = [peer.weight_server(s) for peer, s in zip(peers, stores)]
+    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers) for peer, s in zip(peers, stores)]
+    done = []
+    threads = [threading.Thread(target=lambda f=f: done.append(f.run().payload())) for f in fetches]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert done == [store.payload("snapshot", 0)] * 3
+        head, third, fourth = fetches
+        assert all(f.chain for f in fetches) and head.upstream() is None and fourth.upstream() == third.me
+        assert gone.peer_id in third._dead and third.upstream() == head.me  # passed over, after 2 failures
+        # the third's chunks asked of the gone peer came from whole holders: the learner sent them
+        # to the head (or, when the third asked first, sent the head to the third for those)
+        assert head.received[learner.peer_id] > 0.8 * spec.size
+        assert third.received[head.me] > 0.8 * spec.size
+        assert fourth.received[third.me] > 0.8 * spec.size  # the rest: redirects while the third recovered
+        time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
+        assert server.bytes_served < 1.3 * spec.size, f"the learner sent {server.bytes_served / spec.size:.2f} copies"
+    finally:
+        for f in fetches:
+            f.client.close()
+        for s in [server, *servers]:
+            s.close()
+
+
+@pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)
 def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_waiting(make_fabric, monkeypatch):
     """Records seen a heartbeat apart can give two peers mirrored stripe plans: each waits for the
     other to have its odd chunks. A peer asked for a chunk it is not fetching fetches it next
@@ -47,7 +87,8 @@ def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_w
     servers += [peer.weight_server(s) for peer, s in zip(peers, stores)]
     a, b = (peer.peer_id for peer in peers)
     plans = {a: [a, b], b: [b, a]}  # chunk 1, 3, ...: a thinks b owns it, b thinks a does
-    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], plans[peer.peer_id]) for peer, s in zip(peers, stores)]
+    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], plans[peer.peer_id], chain=False)
+               for peer, s in zip(peers, stores)]
     done = []
     threads = [threading.Thread(target=lambda f=f: done.append((f.run().payload(), time.monotonic()))) for f in fetches]
     started = time.monotonic()
@@ -122,7 +163,7 @@ def test_a_sharer_this_peer_avoids_keeps_its_stripe_and_is_never_asked(make_fabr
     sharers = sorted([me.peer_id, avoided.peer_id])
     fetch = ChunkedFetch(me.weight_client(), VersionStore().book, spec,
                          ChunkSources([learner.peer_id], sharers, frozenset({avoided.peer_id})), me.peer_id,
-                         unreachable=me.unreachable_errors(), on_corrupt=lambda p, e: None)
+                         unreachable=me.unreachable_errors(), on_corrupt=lambda p, e: None, chain=False)
     try:
         assert {fetch.owner(i) for i in range(spec.count)} == set(sharers)  # the plan every sharer makes
         assert fetch.run().payload() == store.payload("snapshot", 0)
@@ -222,7 +263,8 @@ def test_each_peer_asks_the_owners_in_turn_from_the_one_after_it_so_no_owner_is_
     orders = {}
     for me in sharers:
         fetch = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
-                             ChunkSources(["learner"], sharers), me, unreachable=(), on_corrupt=lambda peer, exc: None)
+                             ChunkSources(["learner"], sharers), me, unreachable=(), on_corrupt=lambda peer, exc: None,
+                             chain=False)
         orders[me] = [fetch.owner(i) for i in sorted(range(spec.count), key=fetch.turn) if fetch.owner(i) != me]
     assert orders["b"] == ["c", "d", "a"] * 2  # a stripe arrives at its owner in order: round by round
     for step in range(3):  # at every step of a round the four peers ask four different owners
@@ -230,6 +272,30 @@ def test_each_peer_asks_the_owners_in_turn_from_the_one_after_it_so_no_owner_is_
     outsider = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
                             ChunkSources(["learner"], sharers), "e", unreachable=(), on_corrupt=lambda peer, exc: None)
     assert sorted(range(spec.count), key=outsider.turn)[:4] in ([0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2])
+
+
+def test_up_to_chain_max_sharers_make_a_chain_in_their_sorted_order_and_more_make_stripes():
+    spec, _ = spec_of("delta", 1, payload(8 * CHUNK), CHUNK)
+    sharers = ["a", "b", "c", "d"]
+
+    def plan(me, sharers=sharers, dead=()):
+        fetch = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
+                             ChunkSources(["learner"], sharers), me, unreachable=(), on_corrupt=lambda peer, exc: None)
+        fetch._dead.update(dead)
+        return fetch
+
+    head, third = plan("a"), plan("c")
+    assert head.chain and third.chain
+    assert {head.owner(i) for i in range(spec.count)} == {"a"}  # from whole holders, with a lone fetcher's workers
+    assert head.whole_workers == chunked_fetch.WHOLE_WORKERS > third.whole_workers
+    assert {third.owner(i) for i in range(spec.count)} == {"b"}
+    assert sorted(range(spec.count), key=third.turn) == list(range(spec.count))  # in order, as "b" receives them
+    assert plan("c", dead={"b"}).owner(0) == "a" and plan("c", dead={"a", "b"}).owner(0) == "c"
+    outsider = plan("e")  # not sharing (it does not relay): each chunk from its stripe's owner, all of whom get it
+    assert not outsider.chain and {outsider.owner(i) for i in range(4)} == set(sharers)
+    many = [f"p{i:02d}" for i in range(chunked_fetch.CHAIN_MAX + 1)]
+    assert not plan("p03", many).chain and {plan("p03", many).owner(i) for i in range(len(many))} == set(many)
+    assert plan("a", ["a"]).chain is False  # alone: no one to pass it to
 
 
 class NothingHeld:

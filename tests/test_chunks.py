@@ -351,6 +351,7 @@ def versions():
 class Sampler:
     def __init__(self, fabric, learner_key: bytes, index: int):
         self.fabric, self.store = fabric, VersionStore()
+        self.store.book.chunk_bytes = CHUNK  # as the learner's: a payload held whole is served under its root
         self.server = fabric.weight_server(self.store)
         self.results = []
         self.lookups, self.lookups_at_fetch = 0, []  # membership lookups, in all and by each fetch's end
@@ -382,8 +383,9 @@ class Sampler:
 
 
 def share_out(make_fabric, corrupt: bool):
-    """A learner and three samplers (the first serving corrupt chunks when `corrupt`): the
-    snapshot of version 0 and the delta to version 1 in chunks. Returns (learner store, its
+    """A learner and three samplers (the one whose peer id sorts first, the head of their chain,
+    serving corrupt chunks when `corrupt`): the snapshot of version 0 and the delta to version 1
+    in chunks. Returns (learner store, its
     server, its peer id, the samplers, payload sizes and the sharers named in version 1's
     announcement). The learner names the delta's sharers as the learner peer does (SharerView)."""
     learner_fabric = make_fabric(heartbeat_s=0.5)
@@ -392,7 +394,8 @@ def share_out(make_fabric, corrupt: bool):
     server = learner_fabric.weight_server(store)
     samplers = [Sampler(make_fabric(heartbeat_s=0.5), learner_fabric.public_key, i) for i in range(3)]
     if corrupt:
-        samplers[0].store.book.lookup = corrupting(samplers[0].store.book.lookup)
+        head = min(samplers, key=lambda s: s.fabric.peer_id)
+        head.store.book.lookup = corrupting(head.store.book.lookup)
     wait_until(lambda: sum(m.record.relay for m in learner_fabric.members()) == 3, 30, "three relaying samplers")
     v0, v1 = versions()
     sizes = {}
@@ -434,14 +437,24 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
         server.close()
 
 
-def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_struck(make_fabric):
+@pytest.mark.parametrize("plan", ["chain", "stripes"])
+def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_struck(make_fabric, plan, monkeypatch):
+    """Along a chain only the peer after the corrupt one asks it for chunks (and then passes it
+    over); with stripes every peer does."""
+    import swarm.fabric.chunked_fetch as chunked_fetch
+
+    if plan == "stripes":
+        monkeypatch.setattr(chunked_fetch, "CHAIN_MAX", 1)
     store, server, _, samplers, _ = share_out(make_fabric, corrupt=True)
     try:
+        samplers.sort(key=lambda s: s.fabric.peer_id)
         bad = samplers[0].fabric.peer_id
+        askers = samplers[1:2] if plan == "chain" else samplers[1:]
         for sampler in samplers[1:]:
             assert state_hash(sampler.store.states[1]) == store.hashes[1]  # bit for bit all the same
-            assert sampler.follower._is_shunned(bad) and sampler.follower._is_struck(bad)  # not asked for a while
             assert all(bad not in r.sources and r.sources for r in sampler.results)  # in chunks, none of them its
+        for sampler in askers:
+            assert sampler.follower._is_shunned(bad) and sampler.follower._is_struck(bad)  # not asked for a while
     finally:
         for sampler in samplers:
             sampler.close()

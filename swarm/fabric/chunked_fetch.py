@@ -1,20 +1,28 @@
 """One payload fetched in chunks from many peers at once, and passed on while it arrives.
 
-Peers that fetch the same payload at the same time share the work out, the scatter-then-gather
-scheme of pipelined broadcast: the payload's chunks are dealt round-robin among them (stripes).
-Each fetches its own stripe from peers that hold the whole payload (relays first, the learner
-last) and every other chunk from the peer whose stripe it is, which passes it on as its bytes arrive
-(swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way, then sends its bytes as
-they come, the last one once the chunk verified there), round by round and each
-round from the owner after it on (`turn`), so that no owner is asked by every peer at once. So
-the learner uploads about one copy however many peers fetch, each fetching peer uploads (n-1)/n
-of a copy, and a version reaches n peers in about one transfer time plus a chunk per hop: every
-downlink carries one copy, every uplink less than one.
+Peers that fetch the same payload at the same time share the work out, as pipelined broadcast
+does. Up to CHAIN_MAX of them pass it along a chain, in the sharers' sorted order: the first
+fetches every chunk from peers that hold the whole payload (relays first, the learner last), and
+each of the others fetches every chunk, in order, from the one before it (`upstream`), which passes
+it on as its bytes arrive (swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way,
+then sends its bytes as they come, the last one once the chunk verified there). Every link then
+carries one flow at its full rate: the learner uploads one copy, every other uplink and every
+downlink one, and the last peer holds the payload one transfer time plus a forward piece and a
+one-way delay per hop after the first started. A peer before this one that leaves, misses chunks or
+sends corrupt data is passed over for the one before it (or the whole holders).
+
+More sharers deal the chunks out round-robin (stripes, the scatter-then-gather scheme): each
+fetches its own stripe from whole holders and every other chunk from the peer whose stripe it is,
+which passes it on as its bytes arrive, round by round and each round from the owner after it on
+(`turn`), so that no owner is asked by every peer at once: two hops whatever the number of peers,
+but each owner's uplink and downlink carry n-1 flows at once, which share them less evenly (8
+samplers at 50 Mbit/s: links about 63% full, against 77% along a chain). Either way the learner
+uploads about one copy however many peers fetch.
 
 Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
 whose newest held version is the one before (they fetch the delta) or that hold none (the
 snapshot). For a delta the learner reads them when it publishes and names them in its signed
-announcement (`SharerView`): every sampler then deals the stripes out among the same peers and
+announcement (`SharerView`): every sampler then makes the same chain (or stripes) of the same peers and
 starts without a membership lookup of its own (which put the last of 8 samplers' start 0.1-0.26 s
 later on loaded cores). Views differ by a heartbeat at most, so nothing depends on them being right: a peer
 asked for a chunk it is not fetching itself fetches it next from a whole holder (`_adopt`: two
@@ -58,7 +66,13 @@ WHOLE_WORKERS = 2  # requests at once to whole holders by a peer fetching alone 
 # (8 samplers, 100 Mbit/s, 9.7 MB delta: the first chunks reached their owners 0.15-0.3 s after
 # they were asked for, not 0.23-0.55 s; payload 1.41, 1.42 s against 1.54-1.63 s with two)
 SHARED_WHOLE_WORKERS = 1
-SHARED_WORKERS = 8  # requests at once to other stripes' owners: a round's worth among 8 sharers (4 left owners idle)
+# sharers that pass a payload along a chain (more: stripes). Each link of a chain carries one flow
+# at the link's full rate, and each hop adds about one forward piece (chunks.FORWARD_PIECE_BYTES)
+# and the link's one-way delay: 8 samplers at 50 Mbit/s took a 9.7 MB delta in 1.18x one sampler's
+# time (stripes: 1.49-1.63x). No delay emulation here (no netem): at 20 ms one way, 16 hops would
+# add about 0.35 s, what stripes lose at 8 samplers, hence the bound; it is an estimate, not measured
+CHAIN_MAX = 16
+SHARED_WORKERS = 8  # requests at once to other stripes' owners (a chain's upstream): a round's worth among 8 sharers (4 left owners idle)
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
 # ... and a sharer: one time-out on a loaded machine (2 cores, a dozen peers) is no sign it left,
@@ -145,7 +159,8 @@ class ChunkedFetch:
                  unreachable: tuple[type[BaseException], ...], on_corrupt: Callable[[str, BaseException], None],
                  on_unreachable: Callable[[str, BaseException], None] | None = None,
                  rng: random.Random | None = None, deadline_s: float | None = None,
-                 on_chunk: Callable[[int], None] | None = None, manifest: Future | None = None) -> None:
+                 on_chunk: Callable[[int], None] | None = None, manifest: Future | None = None,
+                 chain: bool | None = None) -> None:
         self.client, self.book, self.spec, self.me = client, book, spec, me
         self._asked_manifest = manifest  # the last whole holder's (the learner's) answer, asked already
         self.on_chunk = on_chunk  # hears the size of each verified chunk kept (from a worker thread): progress
@@ -169,13 +184,29 @@ class ChunkedFetch:
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
         self.redirected = 0  # chunk requests a whole holder sent to the peer it had sent the chunk to
         self.relays = me in self.sharers  # this peer serves what it receives (holders may send others here)
-        self.whole_workers = SHARED_WHOLE_WORKERS if self.relays and len(self.sharers) > 1 else WHOLE_WORKERS
+        # a chain when few peers share (chain=None: up to CHAIN_MAX), stripes beyond; a peer that does not
+        # relay takes each chunk from its stripe's owner either way (every sharer gets every chunk)
+        shared = self.relays and len(self.sharers) > 1
+        self.chain = shared and (len(self.sharers) <= CHAIN_MAX if chain is None else chain)
+        self._position = self.sharers.index(me) if self.relays else -1
+        # a chain's head takes the whole payload from whole holders, as a peer fetching alone
+        self.whole_workers = SHARED_WHOLE_WORKERS if shared and not (self.chain and self._position == 0) else WHOLE_WORKERS
         # the owner this peer asks first in each round (turn): the one after it, or any when it does not share
-        self._first_owner = (self.sharers.index(me) + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1))
+        self._first_owner = self._position + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1)
         self.partial: Partial | None = None
 
     def owner(self, index: int) -> str | None:
+        """The sharer to ask for chunk `index` (this peer: from whole holders; None: no sharers)."""
+        if self.chain:
+            return self.upstream() or self.me
         return self.sharers[index % len(self.sharers)] if self.sharers else None
+
+    def upstream(self) -> str | None:
+        """In a chain: the nearest sharer before this one that is not passed over (None: this peer
+        heads the chain, or every peer before it left). Always one before it in the sharers' sorted
+        order, whatever anyone's view, so chunks passed on while they arrive never wait in a circle."""
+        with self._cond:
+            return next((p for p in reversed(self.sharers[:max(self._position, 0)]) if p not in self._dead), None)
 
     def turn(self, index: int) -> tuple[int, int]:
         """When to ask for chunk `index`: round by round (an owner fetches its stripe in order, one
@@ -183,8 +214,8 @@ class ChunkedFetch:
         index order, all would queue at the same few owners at once while the other owners' uplinks
         sat idle; rotated, each owner serves about as many requests as any other at every moment
         (the rotated order of ring all-gathers)."""
-        if not self.sharers:
-            return 0, index
+        if not self.sharers or self.chain:
+            return index, 0  # a chain: in order, as its upstream receives them
         lap, owner = divmod(index, len(self.sharers))
         return lap, (owner - self._first_owner) % len(self.sharers)
 
@@ -281,6 +312,8 @@ class ChunkedFetch:
         """Another peer waits for chunk `index` from this one, which meant to take it from some other
         peer: fetch it from a whole holder next (peers whose records differ by a heartbeat can each
         take the other for the chunk's owner)."""
+        if self.chain:
+            return  # every chunk comes here in order: the requester's wait ends when it does
         with self._cond:  # (from the weight server's threads as soon as `begin` serves the partial)
             if index in self._inflight or index in self._from_whole or self.partial is not None and self.partial.have[index]:
                 return
@@ -302,7 +335,8 @@ class ChunkedFetch:
     def _work(self, whole: bool) -> None:
         while (job := self._next(whole)) is not None:
             index, from_whole = job
-            if from_whole:
+            # a chain whose peers before this one all left: this one heads it now, with every worker
+            if from_whole or self.owner(index) == self.me:
                 ok = self._fetch_whole(index)
                 self._done(index, None if ok else self._from_whole, front=True)
                 if not ok:  # every whole holder busy (or failing): a moment for a slot to free
@@ -311,7 +345,7 @@ class ChunkedFetch:
                 owner = self.owner(index)
                 ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
                 if ok is None and self._busy_in_a_row[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
-                    self._done(index, self._from_owners)
+                    self._done(index, self._from_owners, front=self.chain)  # a chain's upstream sends in order
                     time.sleep(self.rng.uniform(*RETRY_S))
                     continue
                 self._done(index, None if ok else self._from_whole)  # not from its owner: from a whole holder
@@ -324,10 +358,12 @@ class ChunkedFetch:
 
     def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False) -> bool | None:
         """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed."""
-        # a relaying peer passes a chunk from a whole holder on while it arrives (peers may be waiting
-        # for it here); one from a sharer only once it is here: two sharers that each take the other
-        # for its owner would otherwise each wait to pass on what the other has not got
-        sink = self.partial.receiving(index) if self.relays and peer in self.whole else None
+        # a relaying peer passes a chunk from a whole holder or its chain's upstream on while it
+        # arrives (peers may be waiting for it here); one from a stripe's owner only once it is here:
+        # two sharers that each take the other for its owner would otherwise each wait to pass on
+        # what the other has not got (a chain's upstream is always before this peer in every view)
+        passes_on = peer in self.whole or self.chain and peer == self.upstream()
+        sink = self.partial.receiving(index) if self.relays and passes_on else None
         try:
             return self._keep(peer, index, self.client.piece(peer, self.spec, index, wait_s, force=force,
                                                              relays=self.relays, sink=sink))
