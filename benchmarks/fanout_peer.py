@@ -3,7 +3,7 @@ a namespace of the WAN harness, using the product's fabric, version store, weigh
 follower (relay, busy holders, upload slots) and heartbeat.
 
     python -m benchmarks.fanout_peer learner  --peers ADDR --dir D --megabytes M --slots S [--deltas K]
-    python -m benchmarks.fanout_peer receiver --peers ADDR --dir D --key KEY --slots S [--no-relay]
+    python -m benchmarks.fanout_peer receiver --peers ADDR --dir D --key KEY --slots S [--no-relay] [--stripes]
 
 The learner holds version 0 (bfloat16 weights of about M MB, N(0, 0.02) like a trained model's);
 version k >= 1 (up to K) is one signed step of 1e-4 on every weight of version k - 1, as AdamW
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from swarm.config import SwarmSettings, default_of
+import swarm.fabric.chunked_fetch as chunked_fetch
 from swarm.fabric.chunked_fetch import SharerView
 from swarm.fabric.follower import VersionFollower
 from swarm.fabric.identity import decode_learner_key, encode_learner_key
@@ -116,6 +117,8 @@ def learner(args) -> None:
 
 
 def receiver(args) -> None:
+    if args.stripes:
+        chunked_fetch.CHAIN_MAX = 1  # any two sharers or more deal the chunks out in stripes
     stop = stopping()
     fabric = join(args.transport, run_id=RUN_ID, peers=[args.peers], role="receiver", host="0.0.0.0",
                   upload_slots=args.slots or None)
@@ -159,6 +162,7 @@ def main() -> None:
     parser.add_argument("--key", default="")
     parser.add_argument("--no-relay", action="store_true")
     parser.add_argument("--chunked", action="store_true", help="announce (learner) and fetch (receiver) in chunks")
+    parser.add_argument("--stripes", action="store_true", help="deal the chunks out in stripes, never along a chain")
     args = parser.parse_args()
     learner(args) if args.role == "learner" else receiver(args)
 

@@ -5,15 +5,16 @@ and how many copies the learner uploads.
 Every peer is its own process set (Python, hivemind's DHT process and p2pd) in its own namespace,
 running the product's code (benchmarks/fanout_peer.py): the version store, the weight server with
 its upload slots, the follower's holder choice and busy handling, heartbeats listing held versions.
-Two strategies:
+Three strategies:
 - star: every sampler fetches from the learner, which serves them all at once (no upload limit);
 - relay: samplers fetch the whole version from other holders first, every holder serves at most
   2 transfers at once (the learner too), a busy holder is passed over;
 - chunked: the product's default (swarm/fabric/chunked_fetch.py): the samplers fetching a payload
-  deal its chunks (1 MiB for the snapshot, 256 KiB for the delta: chunks.chunk_bytes_for) out in
-  stripes, each takes its own stripe from whole holders (the learner, 2 upload slots) and every
-  other chunk from its stripe's owner, which passes each chunk on as its bytes arrive (cut-through;
-  the last byte once the chunk verified).
+  (in chunks of 1 MiB for the snapshot, 256 KiB for the delta: chunks.chunk_bytes_for) pass it
+  along a chain in the order of their peer ids: the first takes every chunk from whole holders
+  (the learner, 2 upload slots), each of the others every chunk from the one before it, which
+  passes each chunk on as its bytes arrive (cut-through; the last byte once the chunk verified).
+  More than chunked_fetch.CHAIN_MAX samplers would deal the chunks out in stripes instead.
 
 Two payloads: a snapshot of about 100 MB (bfloat16, what a new sampler fetches) and the delta of
 one AdamW-sized step on it (what every sampler fetches after each step; it changes half the
@@ -34,6 +35,7 @@ still receive theirs, on the same two cores.
     GEPO_FANOUT_TRANSPORT=grpc GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
     GEPO_FANOUT_MBIT=50 python -m benchmarks fanout_wan   # half the rate: half the CPU per second of transfer
     GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
+    GEPO_FANOUT_MBIT=50 GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
 
 GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
 reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
@@ -68,7 +70,10 @@ LINKS = os.environ.get("GEPO_FANOUT_LINKS") == "1"
 LINK_SAMPLE_S = 0.05
 CPU_SAMPLE_S = 0.1
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
-              "chunked": {"slots": 2, "relay": True, "chunked": True}}
+              "chunked": {"slots": 2, "relay": True, "chunked": True},
+              # chunked, but the samplers deal the chunks out in stripes however few they are (the plan
+              # for more than chunked_fetch.CHAIN_MAX): not run by default, a baseline for the chain
+              "stripes": {"slots": 2, "relay": True, "chunked": True, "stripes": True}}
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
 
 
@@ -184,7 +189,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 swarm.spawn(wan.host(f"r{i}", rate_mbit=RATE_MBIT), f"r{i}",
                             ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
                              "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"]),
-                             *(["--chunked"] if options["chunked"] else [])], program=PEER)
+                             *(["--chunked"] if options["chunked"] else []),
+                             *(["--stripes"] if options.get("stripes") else [])], program=PEER)
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
@@ -262,7 +268,10 @@ def run() -> dict:
         return {}
     megabytes = float(os.environ.get("GEPO_FANOUT_MB", 100))
     transport = os.environ.get("GEPO_FANOUT_TRANSPORT", "hivemind")
-    strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", ",".join(STRATEGIES)).split(",")
+    strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", "star,relay,chunked").split(",")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise SystemExit(f"GEPO_FANOUT_STRATEGIES: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     rows = []
     with TemporaryDirectory() as tmp:
         for strategy in strategies:
