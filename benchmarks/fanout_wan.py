@@ -74,6 +74,7 @@ STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {
               # chunked, but the samplers deal the chunks out in stripes however few they are (the plan
               # for more than chunked_fetch.CHAIN_MAX): not run by default, a baseline for the chain
               "stripes": {"slots": 2, "relay": True, "chunked": True, "stripes": True}}
+DEFAULT_STRATEGIES = ("star", "relay", "chunked")
 PEER = [sys.executable, "-m", "benchmarks.fanout_peer"]
 
 
@@ -268,7 +269,7 @@ def run() -> dict:
         return {}
     megabytes = float(os.environ.get("GEPO_FANOUT_MB", 100))
     transport = os.environ.get("GEPO_FANOUT_TRANSPORT", "hivemind")
-    strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", "star,relay,chunked").split(",")
+    strategies = os.environ.get("GEPO_FANOUT_STRATEGIES", ",".join(DEFAULT_STRATEGIES)).split(",")
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise SystemExit(f"GEPO_FANOUT_STRATEGIES: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
@@ -288,7 +289,8 @@ def run() -> dict:
         r["snapshot_payload_vs_one"] = r["snapshot_payload_s"] / one["snapshot_payload_s"]
         r["delta_payload_vs_one"] = r["delta_payload_s"] / one["delta_payload_s"]
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
-        ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas")
+        ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
+        ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies))  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
     figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "deltas": DELTAS, "links": LINKS,
                "rows": rows}

@@ -291,6 +291,10 @@ def test_up_to_chain_max_sharers_make_a_chain_in_their_sorted_order_and_more_mak
     assert {third.owner(i) for i in range(spec.count)} == {"b"}
     assert sorted(range(spec.count), key=third.turn) == list(range(spec.count))  # in order, as "b" receives them
     assert plan("c", dead={"b"}).owner(0) == "a" and plan("c", dead={"a", "b"}).owner(0) == "c"
+    avoiding = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
+                            ChunkSources(["learner"], sharers, frozenset({"a", "b"})), "c", unreachable=(),
+                            on_corrupt=lambda peer, exc: None)
+    assert avoiding.upstream() is None and avoiding.whole_workers == chunked_fetch.WHOLE_WORKERS  # heads it
     outsider = plan("e")  # not sharing (it does not relay): each chunk from its stripe's owner, all of whom get it
     assert not outsider.chain and {outsider.owner(i) for i in range(4)} == set(sharers)
     many = [f"p{i:02d}" for i in range(chunked_fetch.CHAIN_MAX + 1)]

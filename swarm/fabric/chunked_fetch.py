@@ -66,12 +66,14 @@ WHOLE_WORKERS = 2  # requests at once to whole holders by a peer fetching alone 
 # (8 samplers, 100 Mbit/s, 9.7 MB delta: the first chunks reached their owners 0.15-0.3 s after
 # they were asked for, not 0.23-0.55 s; payload 1.41, 1.42 s against 1.54-1.63 s with two)
 SHARED_WHOLE_WORKERS = 1
-# sharers that pass a payload along a chain (more: stripes). Each link of a chain carries one flow
-# at the link's full rate, and each hop adds about one forward piece (chunks.FORWARD_PIECE_BYTES)
-# and the link's one-way delay: 8 samplers at 50 Mbit/s took a 9.7 MB delta in 1.18x one sampler's
-# time (stripes: 1.49-1.63x). No delay emulation here (no netem): at 20 ms one way, 16 hops would
-# add about 0.35 s, what stripes lose at 8 samplers, hence the bound; it is an estimate, not measured
-CHAIN_MAX = 16
+# sharers that pass a payload along a chain (more: stripes). Each link of a chain carries one
+# transfer at the link's full rate, but every hop is on the way of every peer after it: it adds a
+# forward piece (chunks.FORWARD_PIECE_BYTES), the link's one-way delay (no netem here: not measured)
+# and any stall of the peer's CPU. 8 samplers (benchmarks/fanout_wan.py, hivemind, median of the
+# deltas): at 25 Mbit/s the delta in 1.34x one sampler's time (stripes 1.43x), the snapshot 1.34x
+# (1.86x); at 50 Mbit/s 1.38x-1.50x (1.49x-1.63x); at 100 Mbit/s, where the two shared cores were
+# 98% busy, 2.23x (1.87x). 8 is the longest chain measured
+CHAIN_MAX = 8
 SHARED_WORKERS = 8  # requests at once to other stripes' owners (a chain's upstream): a round's worth among 8 sharers (4 left owners idle)
 RETRY_S = (0.05, 0.25)  # the wait before asking again when every whole holder is busy
 WHOLE_FAILURES = 3  # a whole holder that times out or cannot be reached this often is not asked again
@@ -189,8 +191,10 @@ class ChunkedFetch:
         shared = self.relays and len(self.sharers) > 1
         self.chain = shared and (len(self.sharers) <= CHAIN_MAX if chain is None else chain)
         self._position = self.sharers.index(me) if self.relays else -1
-        # a chain's head takes the whole payload from whole holders, as a peer fetching alone
-        self.whole_workers = SHARED_WHOLE_WORKERS if shared and not (self.chain and self._position == 0) else WHOLE_WORKERS
+        # a chain's head (first, or every peer before it avoided) takes the whole payload from whole
+        # holders, as a peer fetching alone
+        heads = self.chain and self.upstream() is None
+        self.whole_workers = SHARED_WHOLE_WORKERS if shared and not heads else WHOLE_WORKERS
         # the owner this peer asks first in each round (turn): the one after it, or any when it does not share
         self._first_owner = self._position + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1)
         self.partial: Partial | None = None
