@@ -16,7 +16,7 @@ fetches its own stripe from whole holders and every other chunk from the peer wh
 which passes it on as its bytes arrive, round by round and each round from the owner after it on
 (`turn`), so that no owner is asked by every peer at once: two hops whatever the number of peers,
 but each owner's uplink and downlink carry n-1 flows at once, which share them less evenly (8
-samplers at 50 Mbit/s: links about 63% full, against 77% along a chain). Either way the learner
+samplers at 50 Mbit/s: links about 60% full, against 68% along a chain in the same hour). Either way the learner
 uploads about one copy however many peers fetch.
 
 Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
