@@ -125,10 +125,10 @@ def test_a_holder_serving_a_corrupt_version_is_passed_over(tmp_path, transport):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_peer_serving_corrupt_chunks_is_struck_and_the_version_still_arrives(tmp_path, transport):
-    """A learner on a 20 Mbit/s link announces a 4 MB version in chunks; three samplers share it
-    out, one of them serving every chunk with a flipped byte. The two honest ones strike it (it
-    is shunned), take its stripe from the learner instead, and hold the announced version bit
-    for bit, with none of its bytes."""
+    """A learner on a 20 Mbit/s link announces a 4 MB version in chunks; three samplers pass it
+    along a chain, its head serving every chunk with a flipped byte. The one after it strikes it
+    (it is shunned) and takes the chunks from the learner instead; both honest ones hold the
+    announced version bit for bit, with none of its bytes."""
     with Wan() as wan:
         a, b = wan.host("a"), wan.host("b", rate_mbit=20)
         hosts = [wan.host(f"s{i}", rate_mbit=50) for i in range(3)]
@@ -140,17 +140,19 @@ def test_a_peer_serving_corrupt_chunks_is_struck_and_the_version_still_arrives(t
             for i, host in enumerate(hosts):
                 outs.append(swarm.home(host) / f"s{i}")
                 swarm.spawn(host, f"s{i}", ["follow", "--transport", transport, "--peers", addr, "--out", str(outs[-1]),
-                                            "--key", learner["key"], *(["--corrupt"] if i == 0 else [])],
-                            program=[sys.executable, SCRIPT])
+                                            "--key", learner["key"]], program=[sys.executable, SCRIPT])
             wait_for(lambda: all((o / "ready.json").exists() for o in outs), 60, "the samplers joined", swarm)
+            # the chain runs in the order of peer ids: the first is the liar, asked by the second
+            outs.sort(key=lambda o: json.loads((o / "ready.json").read_text())["peer_id"])
+            (outs[0] / "corrupt").touch()
+            liar = json.loads((outs[0] / "ready.json").read_text())["peer_id"]
             time.sleep(3)  # their records (relaying, holding nothing) reach each other: they share the version out
             (swarm.home(b) / "learner" / "go").touch()
             wait_for(lambda: all((o / "fetched.json").exists() for o in outs), 120, "the version at every sampler", swarm)
-            liar = json.loads((outs[0] / "ready.json").read_text())["peer_id"]
         finally:
             swarm.stop_all()
     for out in outs[1:]:
         got = json.loads((out / "fetched.json").read_text())
         assert got["hash"] == learner["hash"] and got["sources"], got  # in chunks, bit for bit
         assert liar not in got["sources"], got
-        assert liar in json.loads((out / "shunned.json").read_text())
+    assert liar in json.loads((outs[1] / "shunned.json").read_text())

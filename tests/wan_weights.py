@@ -13,7 +13,7 @@ once the file DIR/go exists.
 `fetch` asks the holders in order (the product's fetch_from_holders) and writes what it got to
 FILE. `follow` is a sampler's version follower and heartbeat (a relay: it serves the chunks it
 receives) that writes DIR/fetched.json once it holds version 0, and DIR/shunned.json when stopped;
-with --corrupt it serves every chunk with its first byte flipped.
+with --corrupt, or once the file DIR/corrupt exists, it serves every chunk with its first byte flipped.
 """
 
 from __future__ import annotations
@@ -86,12 +86,15 @@ def wait_stopped() -> None:
         pass
 
 
-def corrupting(lookup):
-    """A ChunkBook.lookup that answers every chunk with its first byte flipped (a hostile relay):
-    a chunk still arriving here (a ChunkFeed, cut-through) is taken whole, then tampered with."""
+def corrupting(lookup, hostile=lambda: True):
+    """A ChunkBook.lookup that answers every chunk with its first byte flipped (a hostile relay),
+    while `hostile()`: a chunk still arriving here (a ChunkFeed, cut-through) is taken whole, then
+    tampered with."""
 
     def tampered(kind, version, root, index, wait_s):
         data = lookup(kind, version, root, index, wait_s)
+        if not hostile():
+            return data
         if isinstance(data, ChunkFeed):
             data = b"".join(iter(lambda: data.next(30.0), None))
         return data if data is None or index is None else bytes([data[0] ^ 0xFF]) + data[1:]
@@ -102,10 +105,11 @@ def corrupting(lookup):
 def follow(args) -> None:
     fabric = join(args.transport, run_id=args.run_id, peers=[args.peers], role="sampler", host="0.0.0.0")
     store = VersionStore()
-    if args.corrupt:
-        store.book.lookup = corrupting(store.book.lookup)
-    server = fabric.weight_server(store)
     out = Path(args.out)
+    # hostile from the start (--corrupt), or once the test touches DIR/corrupt (it picks the liar
+    # by the peer ids the followers wrote, so that the liar heads their chain)
+    store.book.lookup = corrupting(store.book.lookup, lambda: args.corrupt or (out / "corrupt").exists())
+    server = fabric.weight_server(store)
 
     def beat() -> None:
         with store.lock:
