@@ -278,9 +278,10 @@ def test_up_to_chain_max_sharers_make_a_chain_in_their_sorted_order_and_more_mak
     spec, _ = spec_of("delta", 1, payload(8 * CHUNK), CHUNK)
     sharers = ["a", "b", "c", "d"]
 
-    def plan(me, sharers=sharers, dead=()):
+    def plan(me, sharers=sharers, dead=(), avoid=frozenset()):
         fetch = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
-                             ChunkSources(["learner"], sharers), me, unreachable=(), on_corrupt=lambda peer, exc: None)
+                             ChunkSources(["learner"], sharers, avoid), me, unreachable=(),
+                             on_corrupt=lambda peer, exc: None)
         fetch._dead.update(dead)
         return fetch
 
@@ -291,9 +292,7 @@ def test_up_to_chain_max_sharers_make_a_chain_in_their_sorted_order_and_more_mak
     assert {third.owner(i) for i in range(spec.count)} == {"b"}
     assert sorted(range(spec.count), key=third.turn) == list(range(spec.count))  # in order, as "b" receives them
     assert plan("c", dead={"b"}).owner(0) == "a" and plan("c", dead={"a", "b"}).owner(0) == "c"
-    avoiding = ChunkedFetch(NothingHeld(), ChunkBook(lambda kind, version: None, CHUNK), spec,
-                            ChunkSources(["learner"], sharers, frozenset({"a", "b"})), "c", unreachable=(),
-                            on_corrupt=lambda peer, exc: None)
+    avoiding = plan("c", avoid=frozenset({"a", "b"}))
     assert avoiding.upstream() is None and avoiding.whole_workers == chunked_fetch.WHOLE_WORKERS  # heads it
     outsider = plan("e")  # not sharing (it does not relay): each chunk from its stripe's owner, all of whom get it
     assert not outsider.chain and {outsider.owner(i) for i in range(4)} == set(sharers)

@@ -31,6 +31,7 @@ from swarm.fabric.chunks import (
     slot_share,
     spec_of,
 )
+import swarm.fabric.chunked_fetch as chunked_fetch
 import swarm.fabric.versions as versions_module
 from swarm.fabric.chunked_fetch import SharerView
 from swarm.fabric.follower import VersionFollower
@@ -441,8 +442,6 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
 def test_a_corrupt_chunk_is_fetched_again_from_another_holder_and_its_sender_struck(make_fabric, plan, monkeypatch):
     """Along a chain only the peer after the corrupt one asks it for chunks (and then passes it
     over); with stripes every peer does."""
-    import swarm.fabric.chunked_fetch as chunked_fetch
-
     if plan == "stripes":
         monkeypatch.setattr(chunked_fetch, "CHAIN_MAX", 1)
     store, server, _, samplers, _ = share_out(make_fabric, corrupt=True)

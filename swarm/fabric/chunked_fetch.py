@@ -339,14 +339,14 @@ class ChunkedFetch:
     def _work(self, whole: bool) -> None:
         while (job := self._next(whole)) is not None:
             index, from_whole = job
+            owner = None if from_whole else self.owner(index)
             # a chain whose peers before this one all left: this one heads it now, with every worker
-            if from_whole or self.owner(index) == self.me:
+            if from_whole or owner == self.me:
                 ok = self._fetch_whole(index)
                 self._done(index, None if ok else self._from_whole, front=True)
                 if not ok:  # every whole holder busy (or failing): a moment for a slot to free
                     time.sleep(self.rng.uniform(*RETRY_S))
             else:
-                owner = self.owner(index)
                 ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
                 if ok is None and self._busy_in_a_row[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
                     self._done(index, self._from_owners, front=self.chain)  # a chain's upstream sends in order
