@@ -69,6 +69,8 @@ DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per 
 LINKS = os.environ.get("GEPO_FANOUT_LINKS") == "1"
 LINK_SAMPLE_S = 0.05
 CPU_SAMPLE_S = 0.1
+PROCESS_SAMPLE_S = 0.1  # every peer's processes' CPU times (about 40 processes: about 1 ms of CPU a read)
+PROCESS_KINDS = ("p2pd", "peer", "helper")  # libp2p daemons; peers' main processes; their forked DHT processes
 STRATEGIES = {"star": {"slots": 0, "relay": False, "chunked": False}, "relay": {"slots": 2, "relay": True, "chunked": False},
               "chunked": {"slots": 2, "relay": True, "chunked": True},
               # chunked, but the samplers deal the chunks out in stripes however few they are (the plan
@@ -160,6 +162,60 @@ class CpuUse(Counters):
         before, after = self.around(start, end)
         return 100 * (after[1] - before[1]) / max(after[2] - before[2], 1e-9)
 
+    def busy_seconds(self, start: float, end: float) -> float:
+        """CPU seconds spent from `start` to `end` (all cores, everything: the kernel's share of
+        the links too), as ProcessCpu.seconds reckons them."""
+        before, after = self.around(start, end)
+        return (end - start) * (after[1] - before[1]) / max(after[0] - before[0], 1e-9)
+
+
+class ProcessCpu(Counters):
+    """CPU seconds of the swarm's processes by kind (PROCESS_KINDS), summed over the peers and
+    read every PROCESS_SAMPLE_S: what the shared cores were busy with. The processes are found
+    once, at the first read (a peer's daemons start with it); one that ends takes its seconds with
+    it (none does while a payload goes out)."""
+
+    def __init__(self, roots: list[int]) -> None:
+        import psutil
+
+        self._psutil, self._family = psutil, None
+        self.roots = list(roots)
+        super().__init__(PROCESS_SAMPLE_S, "process-cpu")
+
+    def _find(self) -> list[tuple[str, object]]:
+        found = []
+        for root in self.roots:
+            try:
+                top = self._psutil.Process(root)
+                family = [top, *top.children(recursive=True)]
+            except self._psutil.Error:
+                continue
+            for proc in family:
+                try:
+                    found.append(("p2pd" if proc.name() == "p2pd" else "peer" if proc.pid == root else "helper", proc))
+                except self._psutil.Error:
+                    continue
+        return found
+
+    def read(self) -> tuple:
+        if self._family is None:
+            self._family = self._find()
+        seconds = dict.fromkeys(PROCESS_KINDS, 0.0)
+        for kind, proc in self._family:
+            try:
+                times = proc.cpu_times()
+            except self._psutil.Error:
+                continue
+            seconds[kind] += times.user + times.system
+        return (seconds,)
+
+    def seconds(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds of each kind from `start` to `end`: their rate between the samples around
+        the two, over the window's own length (the samples overhang it by up to one interval a side)."""
+        before, after = self.around(start, end)
+        scale = (end - start) / max(after[0] - before[0], 1e-9)
+        return {kind: scale * (after[1][kind] - before[1][kind]) for kind in PROCESS_KINDS}
+
 
 def link_figures(use: dict[str, tuple[float, float]]) -> dict:
     """How full the links were: the learner's upload, the receivers' downloads (mean and least), in %."""
@@ -174,7 +230,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
     options = STRATEGIES[strategy]
     with Wan() as wan:
         swarm = WanSwarm(wan, root / f"{strategy}-{receivers}")
-        links = cpu = None
+        links = cpu = processes = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
             addr = swarm.ready(boot)["addresses"][0]
@@ -197,6 +253,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
+            processes = ProcessCpu([p.popen.pid for p in swarm.procs])
             each = {}  # delta figures, one per delta
             uploaded = 0.0
             for version in range(DELTAS + 1):
@@ -211,6 +268,10 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                            "payload_s": max(arrival_times(dirs, version, at, payload=True)),
                            "cpu_percent": psutil.cpu_percent()}
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
+                # what the cores did while the payload went out: CPU seconds, all and by process kind
+                figures["payload_cpu_s"] = cpu.busy_seconds(at, at + figures["payload_s"])
+                for kind, used in processes.seconds(at, at + figures["payload_s"]).items():
+                    figures[f"payload_{kind}_cpu_s"] = used
                 fetches = [e for d in dirs for e in records(d) if e.get("event") == "version_fetched" and e["version"] == version]
                 figures["mb"] = max(e["bytes"] for e in fetches) / 1e6
                 if links is not None:  # while the payload went out: announcement to the last holding it all
@@ -228,8 +289,9 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
         finally:
             if links is not None:
                 links.close()
-            if cpu is not None:
-                cpu.close()
+            for counters in (cpu, processes):
+                if counters is not None:
+                    counters.close()
             swarm.stop_all()
     for key, values in each.items():
         row[f"delta_{key}"] = statistics.median(values)
@@ -288,6 +350,9 @@ def run() -> dict:
         r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
         r["snapshot_payload_vs_one"] = r["snapshot_payload_s"] / one["snapshot_payload_s"]
         r["delta_payload_vs_one"] = r["delta_payload_s"] / one["delta_payload_s"]
+        # the CPU seconds spread over every core: no swarm of these processes finishes sooner here
+        r["delta_cores_bound_s"] = r["delta_payload_cpu_s"] / (os.cpu_count() or 1)
+        r["delta_cores_bound_vs_one"] = r["delta_cores_bound_s"] / one["delta_payload_s"]
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
         ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies))  # (a baseline's own file)
@@ -313,6 +378,14 @@ def run() -> dict:
                + markdown_table(["strategy", "samplers", "learner upload %", "downloads %, mean", "least"],
                                 [[r["strategy"], r["receivers"], r["delta_learner_up_percent"], r["delta_down_mean_percent"],
                                   r["delta_down_least_percent"]] for r in rows]))
+    md += ("\n\nWhat the shared cores did while the delta's payload went out (CPU seconds, median over the deltas; "
+           "all: every process and the kernel's share of the links; the other columns: the swarm's processes by "
+           "kind, summed over its peers; cores bound: all over the machine's cores, the least time those seconds "
+           "take here, as x one's payload seconds):\n\n" + markdown_table(
+               ["strategy", "samplers", "all", "p2pd", "peers", "DHT processes", "cores bound s", "x one"],
+               [[r["strategy"], r["receivers"], r["delta_payload_cpu_s"], r["delta_payload_p2pd_cpu_s"],
+                 r["delta_payload_peer_cpu_s"], r["delta_payload_helper_cpu_s"], r["delta_cores_bound_s"],
+                 r["delta_cores_bound_vs_one"]] for r in rows]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],
