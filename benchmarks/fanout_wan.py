@@ -36,6 +36,7 @@ still receive theirs, on the same two cores.
     GEPO_FANOUT_MBIT=50 python -m benchmarks fanout_wan   # half the rate: half the CPU per second of transfer
     GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
     GEPO_FANOUT_MBIT=50 GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
+    GEPO_FANOUT_SLOW_MBIT=20 GEPO_FANOUT_DELTAS=4 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
 
 GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
 reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
@@ -63,6 +64,10 @@ from benchmarks.wan_swarm import WanSwarm, records, wait_for
 # every peer's link, each way; GEPO_FANOUT_MBIT sets another (results then under fanout_wan[_grpc]_<rate>mbit)
 RATE_MBIT = float(os.environ.get("GEPO_FANOUT_MBIT", "100"))
 RECEIVERS = (1, 2, 4, 8)
+# GEPO_FANOUT_SLOW_MBIT=R: the first sampler's link runs at R Mbit/s each way, the others' at
+# RATE_MBIT (unequal volunteers: how much one slow link holds the others up; results then under
+# ..._slow<R>mbit, with the fast samplers' figures beside the slow one's)
+SLOW_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_MBIT", "0")) or None
 DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per run (the median is reported)
 # GEPO_FANOUT_LINKS=1: read every peer's link counters every LINK_SAMPLE_S (one `ip` call, about 5 ms
 # of CPU) and report how full the links were while each delta went out
@@ -243,7 +248,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
             dirs = [swarm.root / f"r{i}" for i in range(receivers)]
             for i, d in enumerate(dirs):
-                swarm.spawn(wan.host(f"r{i}", rate_mbit=RATE_MBIT), f"r{i}",
+                swarm.spawn(wan.host(f"r{i}", rate_mbit=SLOW_MBIT if SLOW_MBIT and i == 0 else RATE_MBIT), f"r{i}",
                             ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
                              "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"]),
                              *(["--chunked"] if options["chunked"] else []),
@@ -251,6 +256,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            ids = [json.loads((d / "ready.json").read_text())["peer_id"] for d in dirs]
+            row["slow_position"] = sorted(ids).index(ids[0])  # r0's place in the sharers' sorted order
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
             processes = ProcessCpu([p.popen.pid for p in swarm.procs])
@@ -267,6 +274,9 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 figures = {"s": max(arrival_times(dirs, version, at)),
                            "payload_s": max(arrival_times(dirs, version, at, payload=True)),
                            "cpu_percent": psutil.cpu_percent()}
+                if SLOW_MBIT and receivers > 1:  # the slow sampler (r0) apart from the others
+                    figures["slow_payload_s"] = arrival_times(dirs[:1], version, at, payload=True)[0]
+                    figures["fast_payload_s"] = max(arrival_times(dirs[1:], version, at, payload=True))
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
                 # what the cores did while the payload went out: CPU seconds, all and by process kind
                 figures["payload_cpu_s"] = cpu.busy_seconds(at, at + figures["payload_s"])
@@ -355,9 +365,11 @@ def run() -> dict:
         r["delta_cores_bound_vs_one"] = r["delta_cores_bound_s"] / one["delta_payload_s"]
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
+        ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + \
         ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies))  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "megabytes": megabytes, "transport": transport, "deltas": DELTAS, "links": LINKS,
+    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "megabytes": megabytes, "transport": transport,
+               "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
           f"Seconds from the learner's announcement to the last sampler holding the verified version (payload s: "
@@ -386,6 +398,14 @@ def run() -> dict:
                [[r["strategy"], r["receivers"], r["delta_payload_cpu_s"], r["delta_payload_p2pd_cpu_s"],
                  r["delta_payload_peer_cpu_s"], r["delta_payload_helper_cpu_s"], r["delta_cores_bound_s"],
                  r["delta_cores_bound_vs_one"]] for r in rows]))
+    slowed = [r for r in rows if "delta_slow_payload_s" in r]
+    if slowed:
+        md += (f"\n\nOne slow sampler: the first one's link at {SLOW_MBIT:g} Mbit/s, the others' at {RATE_MBIT:g} "
+               "(delta payload seconds, median over the deltas; its chain position: where its peer id sorts among the "
+               "samplers', 0 first):\n\n" + markdown_table(
+                   ["strategy", "samplers", "slow one s", "the others, last s", "its chain position"],
+                   [[r["strategy"], r["receivers"], r["delta_slow_payload_s"], r["delta_fast_payload_s"],
+                     r["slow_position"]] for r in slowed]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],
