@@ -125,16 +125,21 @@ def receiver(args) -> None:
     store = VersionStore(STORE_CAPACITY)
     server = fabric.weight_server(store)
     events = EventLog(Path(args.dir))
+    last = []  # the last fetch, which the heartbeat reports as the sampler peer's does (the learner orders chains by it)
 
     def beat() -> None:
         with store.lock:
             holds = tuple(store.states)
-        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=not args.no_relay))
+        fetch = {"fetch_version": last[-1].version, "fetch_from": last[-1].holder, "fetch_bytes": last[-1].bytes,
+                 "fetch_s": last[-1].seconds, "fetch_transfer_s": last[-1].transfer_s} if last else {}
+        fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=not args.no_relay,
+                                   **fetch))
 
     pulse = Pulse(beat, HEARTBEAT_S)
 
     def fetched(result) -> None:
         events.event("version_fetched", **result.event_fields())
+        last[:] = [result]
         pulse.poke()
 
     follower = VersionFollower(fabric, store, [decode_learner_key(args.key)], SecondsDelay.parse("none"),

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 
 import swarm.fabric.chunked_fetch as chunked_fetch
-from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
+from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, chain_order, sharers_for
 from swarm.fabric.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
 from swarm.fabric.records import Heartbeat, Member
 from swarm.fabric.versions import VersionStore
@@ -242,8 +242,11 @@ def test_a_manifest_asked_for_already_is_used_and_a_failed_one_asked_again(make_
         server.close()
 
 
-def member(peer_id: str, holds=(), relay=True, role="sampler") -> Member:
-    beat = Heartbeat(role=role, holds=tuple(holds), relay=relay)
+def member(peer_id: str, holds=(), relay=True, role="sampler", fetch=None) -> Member:
+    """A member's record; `fetch`: its last fetch, (version, bytes, transfer seconds)."""
+    reported = {} if fetch is None else {"fetch_version": fetch[0], "fetch_bytes": fetch[1], "fetch_s": fetch[2] + 1.0,
+                                         "fetch_transfer_s": fetch[2]}
+    beat = Heartbeat(role=role, holds=tuple(holds), relay=relay, **reported)
     return Member(record=beat.record(peer_id, 0.0), expires_at=1e12, owner=peer_id.encode())
 
 
@@ -320,3 +323,57 @@ def test_a_fetch_whose_holders_all_lack_the_payload_fails_at_once_rather_than_sp
         fetch.run()
     assert time.monotonic() - started < 3
     assert book.lookup("snapshot", 3, spec.root, None, 0.0) is None  # the partial is no longer served
+
+
+def test_a_chain_puts_slow_links_last_and_draws_anew_within_a_tier():
+    # v fetched behind s, as slowly: one tier with it (rates in bytes per second)
+    rates = {"a": 10e6, "b": 11e6, "c": 9e6, "s": 2e6, "v": 1.9e6}
+    orders = [chain_order(["v", "s", "new2", "c", "b", "a", "new1"], rates, version) for version in range(16)]
+    for order in orders:
+        assert set(order[:3]) == {"a", "b", "c"} and set(order[3:5]) == {"s", "v"}  # the fast tier, then the slow
+        assert order[5:] == ["new1", "new2"]  # links not judged yet: last, sorted
+    assert any(o.index("v") < o.index("s") for o in orders[:8])  # within a tier, drawn anew by version...
+    assert any(o.index("v") > o.index("s") for o in orders[:8])
+    assert orders[3] == chain_order(["a", "b", "c", "s", "v", "new1", "new2"], rates, 3)  # ...alike at every peer
+    assert chain_order(["b", "a", "b"], {}, 7) == ["a", "b"]  # no rates: sorted, as samplers sort their own
+
+
+class ListedFabric:
+    """What a learner's SharerView reads of its fabric: its peer id and the members' records."""
+
+    peer_id = "L"
+
+    def __init__(self) -> None:
+        self.listed = []
+
+    def members(self):
+        return self.listed
+
+
+def test_the_learner_names_a_deltas_sharers_slow_links_last_by_their_best_recent_fetches():
+    peers = ["f0", "f1", "f2", "s"]
+    fabric, view = ListedFabric(), None
+
+    def delta(version):
+        return spec_of("delta", version, payload(5000), CHUNK)[0]
+
+    def listing(version, seconds):  # every sampler holds version - 1, fetched 8 MiB in `seconds`[peer]
+        return [member(p, [version - 1], fetch=(version - 1, 8 << 20, seconds[p])) for p in peers]
+
+    try:
+        view = SharerView(fabric)
+        fabric.listed = [member(p, [4]) for p in reversed(peers)]  # no fetches reported yet
+        view.publishing(5)
+        assert view.announced(5, [delta(5)]) == sorted(peers)
+        fabric.listed = listing(6, {"f0": 1.0, "f1": 0.9, "f2": 1.1, "s": 4.5})
+        view.publishing(6)
+        assert view.announced(6, [delta(6)])[-1] == "s"  # five times slower: last
+        # f0 sat behind s (say) and fetched as slowly: its best of its last fetches is still fast
+        fabric.listed = listing(7, {"f0": 4.6, "f1": 0.9, "f2": 1.1, "s": 4.5})
+        view.publishing(7)
+        named = view.announced(7, [delta(7)])
+        assert named[-1] == "s" and sorted(named) == sorted(peers)
+        assert view.announced(7, [delta(7)]) == named  # the same list at every announcement of a version
+    finally:
+        if view is not None:
+            view.close()

@@ -90,7 +90,7 @@ def test_an_announcement_keeps_only_its_own_versions_well_formed_chunk_specs():
     assert VersionAnnouncement.parse_obj({**ann.dict(), "chunks": []}).chunk_specs == {}
 
 
-def test_an_announcement_names_a_bounded_sorted_list_of_sharers_that_followers_read_back():
+def test_an_announcement_names_a_bounded_list_of_sharers_in_its_order_that_followers_read_back():
     from pydantic.v1 import ValidationError
 
     from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
@@ -98,7 +98,9 @@ def test_an_announcement_names_a_bounded_sorted_list_of_sharers_that_followers_r
 
     many = [f"peer-{i:03d}" for i in range(MAX_ANNOUNCED_SHARERS + 10)] + ["peer-001"]
     ann = VersionAnnouncement.of("run", 3, "a" * 64, "learner", 0.0, RunSampling(), sharers=reversed(many))
-    assert ann.sharers == sorted(set(many))[:MAX_ANNOUNCED_SHARERS]  # deduplicated, sorted, bounded
+    # deduplicated, bounded, in the order named (a chain's: chunked_fetch.chain_order)
+    assert ann.sharers == list(dict.fromkeys(reversed(many)))[:MAX_ANNOUNCED_SHARERS]
+    assert ann.sharers[0] == "peer-001" and ann.sharers[1] == f"peer-{MAX_ANNOUNCED_SHARERS + 9:03d}"
     assert newest_authorised([(b"key", ann.dict())], [b"key"], "run").sharers == tuple(ann.sharers)
     for bad in ([""], ["x" * 129], sorted(set(many)), [3]):  # empty, too long, too many, not a string
         with pytest.raises(ValidationError):
@@ -383,12 +385,13 @@ class Sampler:
         self.server.close()
 
 
-def share_out(make_fabric, corrupt: bool):
+def share_out(make_fabric, corrupt: bool, order=lambda named: named):
     """A learner and three samplers (the one whose peer id sorts first, the head of their chain,
     serving corrupt chunks when `corrupt`): the snapshot of version 0 and the delta to version 1
     in chunks. Returns (learner store, its
     server, its peer id, the samplers, payload sizes and the sharers named in version 1's
-    announcement). The learner names the delta's sharers as the learner peer does (SharerView)."""
+    announcement). The learner names the delta's sharers as the learner peer does (SharerView),
+    in the order `order` gives them."""
     learner_fabric = make_fabric(heartbeat_s=0.5)
     store = VersionStore()
     store.book.chunk_bytes = CHUNK
@@ -406,7 +409,7 @@ def share_out(make_fabric, corrupt: bool):
         store.add(version, state)
         specs = store.chunk_specs(version)
         sizes[version] = {s.kind: s.size for s in specs}
-        sizes["sharers"] = view.announced(version, specs)
+        sizes["sharers"] = order(view.announced(version, specs))
         learner_fabric.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=specs,
                                 sharers=sizes["sharers"])
         wait_until(lambda: all(s.store.latest == version for s in samplers), 90, f"version {version} everywhere")
@@ -432,6 +435,26 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
         for kind in (0, 1):
             assert sum(any(p != learner for p in s.results[kind].sources) for s in samplers) >= 2
         assert server.bytes_served < 2 * (sizes[0]["snapshot"] + sizes[1]["delta"]) + 64 * 1024
+    finally:
+        for sampler in samplers:
+            sampler.close()
+        server.close()
+
+
+def test_samplers_make_their_chain_in_the_order_the_learner_named_them(make_fabric):
+    """The learner names a delta's sharers in its chain's order (slow links last:
+    chunked_fetch.chain_order); every sampler follows that order, not its own sort of the ids."""
+    store, server, learner, samplers, sizes = share_out(make_fabric, corrupt=False, order=lambda named: named[::-1])
+    try:
+        by_id = {s.fabric.peer_id: s for s in samplers}
+        assert sizes["sharers"] == sorted(by_id, reverse=True)
+        chain = [by_id[p].results[1] for p in sizes["sharers"]]
+        assert all(r.kinds == ["delta"] for r in chain)
+        assert all(state_hash(s.store.states[1]) == store.hashes[1] for s in samplers)  # bit for bit
+        size = sizes[1]["delta"]
+        assert chain[0].sources.get(learner, 0) > 0.8 * size  # the head: from the learner
+        for before, after in zip(sizes["sharers"], chain[1:]):  # each of the others: from the one named before it
+            assert after.sources.get(before, 0) > 0.8 * size, after.sources
     finally:
         for sampler in samplers:
             sampler.close()

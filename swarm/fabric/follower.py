@@ -275,7 +275,8 @@ class VersionFollower:
         # sent corrupt data are not asked: their stripes come from whole holders. One that failed to
         # answer lately (a stream reset or time-out on a loaded peer) is asked again: the fetch
         # passes it over at its second failure (SHARER_FAILURES), and otherwise the learner would send its stripe again
-        sharers = sorted(set(named)) if named is not None else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
+        # in the learner's order (a chain's: slow links last), the same list at every sampler; else sorted
+        sharers = list(dict.fromkeys(named)) if named is not None else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
         avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)

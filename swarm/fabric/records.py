@@ -86,6 +86,8 @@ class MemberRecord(BaseModel):
     fetch_from: constr(max_length=128, strict=True) = ""
     fetch_bytes: conint(ge=0, strict=True) = 0
     fetch_s: confloat(ge=0, strict=True) = 0.0
+    # ... of which its payload's transfer took these (the rest: applying it); 0 from older peers
+    fetch_transfer_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
     # whether it passes on the chunks of versions it is receiving (a dialable sampler): peers
     # fetching the same payload share its chunks out among such relays (swarm.fabric.chunked_fetch)
     relay: StrictBool = False
@@ -142,15 +144,16 @@ class VersionAnnouncement(BaseModel):
     # an announcement by a learner other than the run owner carries the owner's certificate for it
     certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
     # the peers that fetch this version's delta in chunks, by the learner's view of the members
-    # (chunked_fetch.SharerView): every sampler deals the stripes out among the same peers,
-    # and none has to look the members up before it starts
+    # (chunked_fetch.SharerView), in the order of their chain (slow links last): every sampler
+    # deals the stripes out among the same peers, or makes the same chain, and none has to look
+    # the members up before it starts
     sharers: conlist(constr(min_length=1, max_length=128, strict=True), max_items=MAX_ANNOUNCED_SHARERS) = []
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
            recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
            certificate: str = "", sharers: Sequence[str] = ()) -> "VersionAnnouncement":
-        return cls(certificate=certificate, sharers=sorted(set(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id,
+        return cls(certificate=certificate, sharers=list(dict.fromkeys(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id,
                    version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
                    max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
@@ -214,6 +217,7 @@ class Heartbeat:
     fetch_from: str = ""
     fetch_bytes: int = 0
     fetch_s: float = 0.0
+    fetch_transfer_s: float = 0.0  # of fetch_s, until the payload was all here
     relay: bool = False  # passes on chunks of the versions it receives
     certificate: str = ""  # a learner other than the run owner: the owner's certificate for it
     heartbeat_s: float = 0.0  # seconds between its heartbeats
@@ -230,7 +234,8 @@ class Heartbeat:
         fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts), relay=bool(self.relay),
                       tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
                       fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],
-                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s))
+                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s),
+                      fetch_transfer_s=min(max(float(self.fetch_transfer_s), 0.0), MAX_SECONDS))
         return MemberRecord(peer_id=peer_id, software=__version__, time=float(now), **fields)
 
 
