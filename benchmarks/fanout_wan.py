@@ -257,7 +257,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
             row = {"strategy": strategy, "receivers": receivers, "transport": transport}
             ids = [json.loads((d / "ready.json").read_text())["peer_id"] for d in dirs]
-            row["slow_position"] = sorted(ids).index(ids[0])  # r0's place in the sharers' sorted order
+            row["slow_position"] = sorted(ids).index(ids[0])  # r0's place by peer id (a snapshot's chain order)
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
             processes = ProcessCpu([p.popen.pid for p in swarm.procs])
@@ -401,11 +401,13 @@ def run() -> dict:
     slowed = [r for r in rows if "delta_slow_payload_s" in r]
     if slowed:
         md += (f"\n\nOne slow sampler: the first one's link at {SLOW_MBIT:g} Mbit/s, the others' at {RATE_MBIT:g} "
-               "(delta payload seconds, median over the deltas; its chain position: where its peer id sorts among the "
-               "samplers', 0 first):\n\n" + markdown_table(
-                   ["strategy", "samplers", "slow one s", "the others, last s", "its chain position"],
-                   [[r["strategy"], r["receivers"], r["delta_slow_payload_s"], r["delta_fast_payload_s"],
-                     r["slow_position"]] for r in slowed]))
+               "(delta payload seconds, median over the deltas; its place among the samplers' peer ids, 0 first: its "
+               "place in a snapshot's chain; a delta's chain is in the learner's order, slow links last once judged):\n\n"
+               + markdown_table(["strategy", "samplers", "slow one s", "the others, last s", "its place by peer id",
+                                 "the others, each delta"],
+                                [[r["strategy"], r["receivers"], r["delta_slow_payload_s"], r["delta_fast_payload_s"],
+                                  r["slow_position"], ", ".join(f"{x:.2f}" for x in r.get("delta_fast_payload_s_each", []))]
+                                 for r in slowed]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],

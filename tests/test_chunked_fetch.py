@@ -10,7 +10,8 @@ from concurrent.futures import Future
 import pytest
 
 import swarm.fabric.chunked_fetch as chunked_fetch
-from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, chain_order, sharers_for
+from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, sharers_for
+from swarm.fabric.link_judge import LinkJudge
 from swarm.fabric.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
 from swarm.fabric.records import Heartbeat, Member
 from swarm.fabric.versions import VersionStore
@@ -325,17 +326,31 @@ def test_a_fetch_whose_holders_all_lack_the_payload_fails_at_once_rather_than_sp
     assert book.lookup("snapshot", 3, spec.root, None, 0.0) is None  # the partial is no longer served
 
 
-def test_a_chain_puts_slow_links_last_and_draws_anew_within_a_tier():
-    # v fetched behind s, as slowly: one tier with it (rates in bytes per second)
-    rates = {"a": 10e6, "b": 11e6, "c": 9e6, "s": 2e6, "v": 1.9e6}
-    orders = [chain_order(["v", "s", "new2", "c", "b", "a", "new1"], rates, version) for version in range(16)]
-    for order in orders:
-        assert set(order[:3]) == {"a", "b", "c"} and set(order[3:5]) == {"s", "v"}  # the fast tier, then the slow
-        assert order[5:] == ["new1", "new2"]  # links not judged yet: last, sorted
-    assert any(o.index("v") < o.index("s") for o in orders[:8])  # within a tier, drawn anew by version...
-    assert any(o.index("v") > o.index("s") for o in orders[:8])
-    assert orders[3] == chain_order(["a", "b", "c", "s", "v", "new1", "new2"], rates, 3)  # ...alike at every peer
-    assert chain_order(["b", "a", "b"], {}, 7) == ["a", "b"]  # no rates: sorted, as samplers sort their own
+def test_a_sampler_is_judged_slow_by_its_own_drop_not_by_fetching_behind_a_slow_one():
+    judge = LinkJudge()
+    mib = 8 << 20
+    # version 5's chain: a and b fetched fast, s dropped, v1 and v2 behind it fetched as slowly
+    judge.named(5, ["a", "b", "s", "v1", "v2"])
+    judge.heard([member(p, [5], fetch=(5, mib, secs)) for p, secs in
+                 (("a", 1.0), ("b", 1.05), ("s", 4.4), ("v1", 4.6), ("v2", 4.5))])
+    assert set(judge.slow()) == {"s"}
+    orders = [judge.order(["v2", "s", "b", "v1", "a"], version) for version in range(6, 14)]
+    assert all(order[-1] == "s" for order in orders)  # last: it holds up nobody
+    assert len({tuple(order) for order in orders}) > 1  # the others in an order drawn anew by version
+    assert judge.order(["a", "b"], 9) == judge.order(["b", "a"], 9)
+    # a slow head shows no drop along its chain; against the others' best rates lately it does
+    judge.named(6, ["s", "v1", "a"])
+    judge.heard([member(p, [6], fetch=(6, mib, 4.5)) for p in ("s", "v1", "a")])
+    assert set(judge.slow()) == {"s"}
+    fresh = LinkJudge()  # ...unless none was ever faster: then it is not judged (yet)
+    fresh.named(6, ["s", "v1", "a"])
+    fresh.heard([member(p, [6], fetch=(6, mib, 4.5)) for p in ("s", "v1", "a")])
+    assert fresh.slow() == {}
+    # no rate known (small payloads): sorted, as samplers sort their own
+    assert LinkJudge().order(["b", "a", "b"], 7) == ["a", "b"]
+    small = LinkJudge()
+    small.heard([member("a", [1], fetch=(1, 1000, 0.01))])
+    assert small.order(["b", "a"], 7) == ["a", "b"]
 
 
 class ListedFabric:
@@ -350,30 +365,25 @@ class ListedFabric:
         return self.listed
 
 
-def test_the_learner_names_a_deltas_sharers_slow_links_last_by_their_best_recent_fetches():
-    peers = ["f0", "f1", "f2", "s"]
+def test_the_learner_names_a_deltas_chain_with_a_sampler_judged_slow_last():
+    peers = ["a", "b", "s", "v"]
     fabric, view = ListedFabric(), None
 
     def delta(version):
         return spec_of("delta", version, payload(5000), CHUNK)[0]
 
-    def listing(version, seconds):  # every sampler holds version - 1, fetched 8 MiB in `seconds`[peer]
-        return [member(p, [version - 1], fetch=(version - 1, 8 << 20, seconds[p])) for p in peers]
-
     try:
         view = SharerView(fabric)
         fabric.listed = [member(p, [4]) for p in reversed(peers)]  # no fetches reported yet
         view.publishing(5)
-        assert view.announced(5, [delta(5)]) == sorted(peers)
-        fabric.listed = listing(6, {"f0": 1.0, "f1": 0.9, "f2": 1.1, "s": 4.5})
+        assert view.announced(5, [delta(5)]) == peers  # sorted: a, b, s, v
+        # they fetched version 5 along that chain (8 MiB each): s slowly, v behind it as slowly
+        seconds = {"a": 1.0, "b": 1.1, "s": 4.5, "v": 4.6}
+        fabric.listed = [member(p, [5], fetch=(5, 8 << 20, seconds[p])) for p in peers]
         view.publishing(6)
-        assert view.announced(6, [delta(6)])[-1] == "s"  # five times slower: last
-        # f0 sat behind s (say) and fetched as slowly: its best of its last fetches is still fast
-        fabric.listed = listing(7, {"f0": 4.6, "f1": 0.9, "f2": 1.1, "s": 4.5})
-        view.publishing(7)
-        named = view.announced(7, [delta(7)])
-        assert named[-1] == "s" and sorted(named) == sorted(peers)
-        assert view.announced(7, [delta(7)]) == named  # the same list at every announcement of a version
+        named = view.announced(6, [delta(6)])
+        assert named[-1] == "s" and sorted(named) == peers
+        assert view.announced(6, [delta(6)]) == named  # the same list at every announcement of a version
     finally:
         if view is not None:
             view.close()

@@ -2,7 +2,7 @@
 
 Peers that fetch the same payload at the same time share the work out, as pipelined broadcast
 does. Up to CHAIN_MAX of them pass it along a chain, in the sharers' order (a delta's: as the
-learner named them, slow links last, `chain_order`; else sorted by peer id): the first
+learner named them, slow links last, swarm.fabric.link_judge; else sorted by peer id): the first
 fetches every chunk from peers that hold the whole payload (relays first, the learner last), and
 each of the others fetches every chunk, in order, from the one before it (`upstream`), which passes
 it on as its bytes arrive (swarm.fabric.chunks: a holder waits a few seconds for a chunk on its way,
@@ -42,18 +42,17 @@ plans that differ (adopted chunks, owners passed over) cost the learner about on
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import random
 import threading
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from swarm.fabric.chunks import ChunkBook, ChunkSpec, Partial, Redirected
+from swarm.fabric.link_judge import LinkJudge
 from swarm.fabric.upload_slots import HolderBusy
 from swarm.fabric.versions import send_deadline
 from swarm.fabric.weight_delta import CorruptVersion
@@ -89,13 +88,6 @@ STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version i
 # holder a moment ago, or is taking it now)
 REDIRECT_WAIT_S = 4.0
 MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's membership lookup (then names no sharers)
-# A chain goes at the pace of its slowest link for every peer after it (8 samplers at 100 Mbit/s, one
-# at 20, sixth of the chain: the seven others' last held the delta after 4.91 s, against 1.4 s), so
-# the learner names the sharers slow links last (`chain_order`), judging each by its recent fetches
-# (bytes over transfer seconds, as its heartbeat reports them)
-RATE_MIN_BYTES = 1 << 20  # a smaller fetch says little of a link: its start costs more than its bytes
-RATE_MEMORY = 8  # a sampler's link is judged by the best of its last this many fetches
-RATES_KEPT = 1024  # samplers whose rates a learner remembers (the least lately heard of are dropped)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -127,43 +119,19 @@ def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool)
     return sorted(found)
 
 
-def link_rate(record) -> float | None:
-    """Bytes per second of a member's last fetch, as its record reports it; None when that says
-    little of its link (no fetch, a small one, or a peer too old to report its transfer time)."""
-    if record.fetch_bytes < RATE_MIN_BYTES or record.fetch_transfer_s <= 0:
-        return None
-    return record.fetch_bytes / record.fetch_transfer_s
-
-
-def chain_order(sharers: Iterable[str], rates: dict[str, float], version: int) -> list[str]:
-    """`sharers` in the order of a chain for `version`: by halving tiers of their `rates` (bytes
-    per second, the fastest first), then those of unknown rate in sorted order (a link not judged
-    yet goes where it holds up only other such links). A peer behind a slow one fetched as slowly,
-    so its rate says as little as the slow peer's: within a tier the order is drawn anew for every
-    version (from a hash of version and peer), and such a peer soon comes before the slow one once,
-    fetches at its own pace and leaves the tier."""
-    def key(peer: str) -> tuple:
-        rate = rates.get(peer)
-        if rate is None:
-            return (1, 0, "", peer)
-        draw = hashlib.sha256(f"{version}:{peer}".encode()).hexdigest()
-        return (0, -math.floor(math.log2(max(rate, 1.0))), draw, peer)
-    return sorted(dict.fromkeys(sharers), key=key)
-
-
 class SharerView:
     """A learner's view of who fetches its newest delta: the members are looked up when it
     publishes a version (`publishing`, beside encoding the delta) and read when it announces it
     (`announced`), the same list at every announcement of that version, in the order of their
-    chain (`chain_order`, by the best of each sampler's last RATE_MEMORY fetches that it saw)."""
+    chain: slow links last (swarm.fabric.link_judge: one sampler at 20 Mbit/s among 8 at 100, sixth
+    of a chain in peer id order, held the seven others' delta to 4.91 s, against 1.4 s)."""
 
     def __init__(self, fabric) -> None:
         self.fabric = fabric
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sharer-view")
         self._lookup: tuple[int, Future] | None = None
         self._named: tuple[int, list[str]] | None = None
-        # per sampler, its recent fetches' rates by the version fetched (a record repeats its last one)
-        self._rates: OrderedDict[str, OrderedDict[int, float]] = OrderedDict()
+        self.links = LinkJudge()  # the chains named and how fast their samplers fetched them
 
     def publishing(self, version: int) -> None:
         self._lookup = (version, self._pool.submit(self.fabric.members))
@@ -185,25 +153,12 @@ class SharerView:
             members = None
         named = []
         if members is not None:
-            self._heard(members)
-            rates = {peer: max(fetches.values()) for peer, fetches in self._rates.items()}
-            named = chain_order(sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False), rates, version)
+            self.links.heard(members)
+            named = self.links.order(sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False), version)
+            if len(named) <= CHAIN_MAX:  # (more deal the chunks out in stripes: their rates say less)
+                self.links.named(version, named)
         self._named = (version, named)
         return named
-
-    def _heard(self, members) -> None:
-        """Keeps each sampler's last fetch rate (RATE_MEMORY of them) from its record."""
-        for member in members:
-            record = member.record
-            rate = link_rate(record) if record.role == "sampler" else None
-            if rate is not None:
-                fetches = self._rates.setdefault(record.peer_id, OrderedDict())
-                self._rates.move_to_end(record.peer_id)
-                fetches[record.fetch_version] = rate
-                while len(fetches) > RATE_MEMORY:
-                    fetches.popitem(last=False)
-        while len(self._rates) > RATES_KEPT:
-            self._rates.popitem(last=False)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
