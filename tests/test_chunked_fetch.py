@@ -338,13 +338,15 @@ def test_a_sampler_is_judged_slow_by_its_own_drop_not_by_fetching_behind_a_slow_
     assert all(order[-1] == "s" for order in orders)  # last: it holds up nobody
     assert len({tuple(order) for order in orders}) > 1  # the others in an order drawn anew by version
     assert judge.order(["a", "b"], 9) == judge.order(["b", "a"], 9)
-    # a slow head shows no drop along its chain; against the others' best rates lately it does
+    # a slow head shows no drop along its chain; against the median of the others' best rates lately it does
     judge.named(6, ["s", "v1", "a"])
     judge.heard([member(p, [6], fetch=(6, mib, 4.5)) for p in ("s", "v1", "a")])
     assert set(judge.slow()) == {"s"}
     fresh = LinkJudge()  # ...unless none was ever faster: then it is not judged (yet)
     fresh.named(6, ["s", "v1", "a"])
     fresh.heard([member(p, [6], fetch=(6, mib, 4.5)) for p in ("s", "v1", "a")])
+    assert fresh.slow() == {}
+    fresh.heard([member("liar", [5], fetch=(5, mib, 1e-6))])  # one huge claim is not the median
     assert fresh.slow() == {}
     # no rate known (small payloads): sorted, as samplers sort their own
     assert LinkJudge().order(["b", "a", "b"], 7) == ["a", "b"]

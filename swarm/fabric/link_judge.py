@@ -4,7 +4,8 @@ that it names each delta's chain with the slow links last (swarm.fabric.chunked_
 Along a chain every sampler fetches at about the pace of the slowest hop before it, so a sampler
 behind a slow one fetches as slowly and its rate says nothing of its own link. A rate says
 something only where it drops: below DROP_RATIO of the slowest rate before it in the chain the
-learner named (for the chain's head, of the best rate any other sampler fetched at lately). A
+learner named (for the chain's head, of the median of the other samplers' best rates lately: one
+sampler claiming a huge rate cannot make every head look slow). A
 sampler with such a drop in the last MEMORY chains is slow: slow samplers go last, the fastest of
 them first, and hold up only each other; the others come first, in an order drawn anew for each
 version (a slow head shows no drop, as everyone after it is as slow; behind another head it does).
@@ -16,6 +17,7 @@ goes last instead (where it holds nobody up), and the one after it drops in its 
 from __future__ import annotations
 
 import hashlib
+import statistics
 from collections import OrderedDict
 from typing import Iterable
 
@@ -73,7 +75,8 @@ class LinkJudge:
                 rate = self._rates.get(peer, {}).get(version)
                 if rate is None:
                     continue
-                ref = floor if floor is not None else max((b for p, b in best.items() if p != peer), default=None)
+                others = [b for p, b in best.items() if p != peer]
+                ref = floor if floor is not None else statistics.median(others) if others else None
                 if ref is not None and rate < DROP_RATIO * ref:
                     found[peer] = rate
                 floor = rate if floor is None else min(floor, rate)
