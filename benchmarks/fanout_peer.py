@@ -130,10 +130,8 @@ def receiver(args) -> None:
     def beat() -> None:
         with store.lock:
             holds = tuple(store.states)
-        fetch = {"fetch_version": last[-1].version, "fetch_from": last[-1].holder, "fetch_bytes": last[-1].bytes,
-                 "fetch_s": last[-1].seconds, "fetch_transfer_s": last[-1].transfer_s} if last else {}
         fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=not args.no_relay,
-                                   **fetch))
+                                   **(last[-1].heartbeat_fields() if last else {})))
 
     pulse = Pulse(beat, HEARTBEAT_S)
 

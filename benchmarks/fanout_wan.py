@@ -124,6 +124,13 @@ class Counters:
         after = min((s for s in self.samples if s[0] > end), default=inside[-1], key=lambda s: s[0])
         return before, after
 
+    def spread(self, start: float, end: float) -> tuple[tuple, tuple, float]:
+        """(before, after, scale): the samples `around` the window, and what their difference is
+        multiplied by to give the window's own share (the samples overhang it by up to one interval
+        a side; the rate between them is taken as even)."""
+        before, after = self.around(start, end)
+        return before, after, (end - start) / max(after[0] - before[0], 1e-9)
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -171,8 +178,8 @@ class CpuUse(Counters):
     def busy_seconds(self, start: float, end: float) -> float:
         """CPU seconds spent from `start` to `end` (all cores, everything: the kernel's share of
         the links too), as ProcessCpu.seconds reckons them."""
-        before, after = self.around(start, end)
-        return (end - start) * (after[1] - before[1]) / max(after[0] - before[0], 1e-9)
+        before, after, scale = self.spread(start, end)
+        return scale * (after[1] - before[1])
 
 
 class ProcessCpu(Counters):
@@ -216,10 +223,8 @@ class ProcessCpu(Counters):
         return (seconds,)
 
     def seconds(self, start: float, end: float) -> dict[str, float]:
-        """CPU seconds of each kind from `start` to `end`: their rate between the samples around
-        the two, over the window's own length (the samples overhang it by up to one interval a side)."""
-        before, after = self.around(start, end)
-        scale = (end - start) / max(after[0] - before[0], 1e-9)
+        """CPU seconds of each kind from `start` to `end` (Counters.spread)."""
+        before, after, scale = self.spread(start, end)
         return {kind: scale * (after[1][kind] - before[1][kind]) for kind in PROCESS_KINDS}
 
 

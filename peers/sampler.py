@@ -122,9 +122,7 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
                                    tokens_per_s=status["tokens_per_s"], holds=holds, relay=fabric.dialable,
                                    heartbeat_s=fabric.heartbeat_s, refused=refusals.total, refused_in_a_row=refusals.in_a_row,
                                    refusal=refusals.last,
-                                   **({"fetch_version": last.version, "fetch_from": last.holder, "fetch_bytes": last.bytes,
-                                       "fetch_s": round(last.seconds, 4),
-                                       "fetch_transfer_s": round(last.transfer_s, 4)} if last else {})))
+                                   **(last.heartbeat_fields() if last else {})))
 
     def fetched(result) -> None:
         events.event("version_fetched", **result.event_fields())

@@ -98,7 +98,7 @@ def test_an_announcement_names_a_bounded_list_of_sharers_in_its_order_that_follo
 
     many = [f"peer-{i:03d}" for i in range(MAX_ANNOUNCED_SHARERS + 10)] + ["peer-001"]
     ann = VersionAnnouncement.of("run", 3, "a" * 64, "learner", 0.0, RunSampling(), sharers=reversed(many))
-    # deduplicated, bounded, in the order named (a chain's: chunked_fetch.chain_order)
+    # deduplicated, bounded, in the order named (a chain's: swarm.fabric.link_judge)
     assert ann.sharers == list(dict.fromkeys(reversed(many)))[:MAX_ANNOUNCED_SHARERS]
     assert ann.sharers[0] == "peer-001" and ann.sharers[1] == f"peer-{MAX_ANNOUNCED_SHARERS + 9:03d}"
     assert newest_authorised([(b"key", ann.dict())], [b"key"], "run").sharers == tuple(ann.sharers)
@@ -443,7 +443,7 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
 
 def test_samplers_make_their_chain_in_the_order_the_learner_named_them(make_fabric):
     """The learner names a delta's sharers in its chain's order (slow links last:
-    chunked_fetch.chain_order); every sampler follows that order, not its own sort of the ids."""
+    swarm.fabric.link_judge); every sampler follows that order, not its own sort of the ids."""
     store, server, learner, samplers, sizes = share_out(make_fabric, corrupt=False, order=lambda named: named[::-1])
     try:
         by_id = {s.fabric.peer_id: s for s in samplers}

@@ -119,6 +119,11 @@ class FetchResult:
     transfer_s: float = 0.0  # of `seconds`, until the payloads were all here (the rest: applying, verifying)
     sources: dict[str, int] = field(default_factory=dict)  # in chunks: bytes per peer that sent some
 
+    def heartbeat_fields(self) -> dict:
+        """The fields of a sampler's Heartbeat that report this fetch (a learner orders chains by them)."""
+        return {"fetch_version": self.version, "fetch_from": self.holder, "fetch_bytes": self.bytes,
+                "fetch_s": round(self.seconds, 4), "fetch_transfer_s": round(self.transfer_s, 4)}
+
     def event_fields(self) -> dict:
         """The fields of a `version_fetched` record in a peer's events.jsonl."""
         fields = {"version": self.version, "holder": self.holder, "bytes": self.bytes, "kinds": self.kinds,
