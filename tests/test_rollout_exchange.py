@@ -2,12 +2,23 @@
 delivery, refusal with reasons, at-most-once delivery, backpressure, bans."""
 
 import math
+import time
 
 import msgpack
 import pytest
 
 from swarm.fabric.wire import InvalidRollout, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
+
+
+def wait_until(condition, timeout: float) -> bool:
+    """Poll `condition` until it holds or `timeout` seconds pass; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 RUN = "exchange-test"
 VOCAB = 99
@@ -212,9 +223,14 @@ def test_a_stream_refused_whole_tells_the_sender_why_for_every_frame(make_fabric
         async def close(writer):
             writer.close()
 
+        # the refused stream counts until the learner sees the sender's end close: wait for that,
+        # or the holder's stream would be the one refused
+        assert wait_until(lambda: inbox.open_streams() == 0, timeout=10), inbox.open_streams()
         holder = hog.rollout_sender(timeout_s=30)  # the same peer: its one stream makes the sender's next one refused
         _, held = holder._client.run(holder._client.open(learner.peer_id), timeout=20)
         try:
+            # the learner counts a stream when its handler runs, a moment after the opener returns
+            assert wait_until(lambda: inbox.open_streams() == 1, timeout=10), inbox.open_streams()
             acks = sender.send_frames(learner.peer_id, frames)
         finally:
             holder._client.run(close(held), timeout=10)

@@ -130,6 +130,11 @@ class InboxCore:
             if self._open[peer] <= 0:
                 del self._open[peer]
 
+    def open_streams(self) -> int:
+        """Rollout streams open now, from all peers."""
+        with self._lock:
+            return sum(self._open.values())
+
     def share(self) -> int:
         """How many queued groups one peer may hold now: the capacity split between the peers with
         a stream open or a group queued (all of it while one peer sends)."""
