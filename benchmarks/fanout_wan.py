@@ -69,6 +69,9 @@ RECEIVERS = (1, 2, 4, 8)
 # RATE_MBIT (unequal volunteers: how much one slow link holds the others up; results then under
 # ..._slow<R>mbit, with the fast samplers' figures beside the slow one's)
 SLOW_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_MBIT", "0")) or None
+# GEPO_FANOUT_SLOW_UP_MBIT=R: the first sampler uploads at R Mbit/s and downloads at RATE_MBIT (a
+# home line: it fetches at full pace but holds up whoever fetches from it; results ..._slowup<R>mbit)
+SLOW_UP_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_UP_MBIT", "0")) or None
 DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per run (the median is reported)
 # GEPO_FANOUT_LINKS=1: read every peer's link counters every LINK_SAMPLE_S (one `ip` call, about 5 ms
 # of CPU) and report how full the links were while each delta went out
@@ -254,7 +257,9 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
             dirs = [swarm.root / f"r{i}" for i in range(receivers)]
             for i, d in enumerate(dirs):
-                swarm.spawn(wan.host(f"r{i}", rate_mbit=SLOW_MBIT if SLOW_MBIT and i == 0 else RATE_MBIT), f"r{i}",
+                first = i == 0
+                swarm.spawn(wan.host(f"r{i}", rate_mbit=SLOW_MBIT if SLOW_MBIT and first else RATE_MBIT,
+                                     up_mbit=SLOW_UP_MBIT if first else None), f"r{i}",
                             ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
                              "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"]),
                              *(["--chunked"] if options["chunked"] else []),
@@ -280,7 +285,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 figures = {"s": max(arrival_times(dirs, version, at)),
                            "payload_s": max(arrival_times(dirs, version, at, payload=True)),
                            "cpu_percent": psutil.cpu_percent()}
-                if SLOW_MBIT and receivers > 1:  # the slow sampler (r0) apart from the others
+                if (SLOW_MBIT or SLOW_UP_MBIT) and receivers > 1:  # the slow sampler (r0) apart from the others
                     figures["slow_payload_s"] = arrival_times(dirs[:1], version, at, payload=True)[0]
                     figures["fast_payload_s"] = max(arrival_times(dirs[1:], version, at, payload=True))
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
@@ -371,10 +376,10 @@ def run() -> dict:
         r["delta_cores_bound_vs_one"] = r["delta_cores_bound_s"] / one["delta_payload_s"]
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
-        ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + \
+        ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + ("" if not SLOW_UP_MBIT else f"_slowup{SLOW_UP_MBIT:g}mbit") + \
         ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies))  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "megabytes": megabytes, "transport": transport,
+    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_up_mbit": SLOW_UP_MBIT, "megabytes": megabytes, "transport": transport,
                "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
@@ -406,7 +411,9 @@ def run() -> dict:
                  r["delta_cores_bound_vs_one"]] for r in rows]))
     slowed = [r for r in rows if "delta_slow_payload_s" in r]
     if slowed:
-        md += (f"\n\nOne slow sampler: the first one's link at {SLOW_MBIT:g} Mbit/s, the others' at {RATE_MBIT:g} "
+        slow_link = (f"link at {SLOW_MBIT:g} Mbit/s" if SLOW_MBIT else
+                     f"upload at {SLOW_UP_MBIT:g} Mbit/s (its download at {RATE_MBIT:g})")
+        md += (f"\n\nOne slow sampler: the first one's {slow_link}, the others' links at {RATE_MBIT:g} "
                "(delta payload seconds, median over the deltas; its place among the samplers' peer ids, 0 first: its "
                "place in a snapshot's chain; a delta's chain is in the learner's order, slow links last once judged):\n\n"
                + markdown_table(["strategy", "samplers", "slow one s", "the others, last s", "its place by peer id",

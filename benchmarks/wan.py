@@ -274,24 +274,26 @@ class Wan:
         _sh("ip", "-n", ns, "link", "set", "dev", dev, "addrgenmode", "none")
         _sh("ip", "-n", ns, "link", "set", "dev", dev, "up", *(["master", master] if master else []))
 
-    def _wire(self, ns: str, dev: str, switch_ns: str, bridge: str, rate_mbit: float | None) -> str:
-        """A veth from `ns` (named `dev` there) to a port of `bridge` in `switch_ns`, shaped both ways;
-        returns the port's name. Both ends are created directly inside their namespaces, so nothing
-        appears in the root one."""
+    def _wire(self, ns: str, dev: str, switch_ns: str, bridge: str, rate_mbit: float | None,
+              up_mbit: float | None = None) -> str:
+        """A veth from `ns` (named `dev` there) to a port of `bridge` in `switch_ns`, shaped both ways
+        (upload to `up_mbit` when given); returns the port's name. Both ends are created directly
+        inside their namespaces, so nothing appears in the root one."""
         port = f"p{next(self._ports)}"
         _sh("ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name", port, "netns", switch_ns)
         self._up(switch_ns, port, master=bridge)
         self._up(ns, dev)
+        if up_mbit or rate_mbit is not None:
+            _tbf(ns, dev, up_mbit or rate_mbit)  # upload
         if rate_mbit is not None:
-            _tbf(ns, dev, rate_mbit)  # upload
             _tbf(switch_ns, port, rate_mbit)  # download
         return port
 
-    def _public_leg(self, name: str, rate_mbit: float | None) -> tuple[str, str]:
+    def _public_leg(self, name: str, rate_mbit: float | None, up_mbit: float | None = None) -> tuple[str, str]:
         self._check(name)
         ns = self._netns(name)
         ip = str(next(self._public))
-        self._public_ports[name] = self._wire(ns, "eth0", self.core, "inet", rate_mbit)
+        self._public_ports[name] = self._wire(ns, "eth0", self.core, "inet", rate_mbit, up_mbit)
         _sh("ip", "-n", ns, "addr", "add", f"{ip}/{INTERNET.prefixlen}", "dev", "eth0")
         return ns, ip
 
@@ -301,10 +303,11 @@ class Wan:
         """Every host and router made so far."""
         return list(self._hosts.values())
 
-    def host(self, name: str, *, rate_mbit: float | None = None) -> Host:
+    def host(self, name: str, *, rate_mbit: float | None = None, up_mbit: float | None = None) -> Host:
         """A namespace on the internet with its own public address, its link shaped to `rate_mbit` both
-        ways (unshaped when None). It has no default route: only the harness's internet exists."""
-        ns, ip = self._public_leg(name, rate_mbit)
+        ways (unshaped when None), its upload to `up_mbit` when given (an asymmetric line: a fast
+        download behind a slow upload). It has no default route: only the harness's internet exists."""
+        ns, ip = self._public_leg(name, rate_mbit, up_mbit)
         host = self._hosts[name] = Host(self, name, ns, ip, ip)
         return host
 

@@ -355,6 +355,42 @@ def test_a_sampler_is_judged_slow_by_its_own_drop_not_by_fetching_behind_a_slow_
     assert small.order(["b", "a"], 7) == ["a", "b"]
 
 
+def chain_rates(chain: list[str], down: dict[str, float], up: dict[str, float], learner_up: float) -> dict[str, float]:
+    """Each sampler's rate along a chain: no faster than its download, than its feeder's upload, or
+    than its feeder's own rate (a sampler forwards what it has)."""
+    rates, feeder_up, ahead = {}, learner_up, learner_up
+    for peer in chain:
+        ahead = rates[peer] = min(down[peer], feeder_up, ahead)
+        feeder_up = up[peer]
+    return rates
+
+
+def test_a_slow_uplink_is_found_by_the_drops_behind_it_and_put_last_and_a_slow_download_before_it():
+    mib, fast, slow = 8 << 20, 12 << 20, 2 << 20
+    peers = ["a", "b", "c", "d", "e", "s", "u"]  # s: a slow line both ways; u: fast down, slow up
+    down = {p: fast for p in peers} | {"s": slow}
+    up = {p: fast for p in peers} | {"s": slow, "u": slow}
+    judge, paced = LinkJudge(), []
+    for version in range(5, 13):
+        chain = judge.order(peers, version)
+        if version == 5:  # the first chain: u before the end, so someone fetches behind it
+            chain = ["a", "b", "c", "d", "u", "e", "s"]
+        judge.named(version, chain)
+        rates = chain_rates(chain, down, up, fast)
+        judge.heard([member(p, [version], fetch=(version, mib, mib / rate)) for p, rate in rates.items()])
+        # (u, last, fetches at s's pace: the price of putting nobody behind it)
+        paced.append(all(rate == fast for p, rate in rates.items() if p not in ("s", "u")))
+    # the first drop behind u is blamed on e, which had it (nothing says e's download keeps up);
+    # the next, of a sampler that fetched at full pace before, on u; e's, once e fetches at full pace
+    assert judge.slow_uplinks() == {"u"} and set(judge.slow()) == {"s"}
+    assert judge.order(peers, 13)[-2:] == ["s", "u"]
+    assert paced[-3:] == [True] * 3  # from then on every other sampler fetches at full pace
+    assert not paced[0]
+    # a head that dropped while keeping up elsewhere dropped for the learner's sake: nobody is judged
+    judge.named(13, ["a", "b"])
+    judge.heard([member(p, [13], fetch=(13, mib, mib / slow)) for p in ("a", "b")])
+    assert judge.slow_uplinks() == {"u"} and set(judge.slow()) == {"s"}
+
 class ListedFabric:
     """What a learner's SharerView reads of its fabric: its peer id and the members' records."""
 

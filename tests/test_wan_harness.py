@@ -134,6 +134,17 @@ def test_shaped_link_runs_at_its_rate_both_ways():
     assert up / unshaped > 5, (up, unshaped)
 
 
+def test_an_asymmetric_line_uploads_at_its_upload_rate_and_downloads_at_its_link_rate():
+    nbytes, up_mbit, down_mbit = 1_000_000, 8.0, 80.0
+    ideal_up = nbytes * 8 / (up_mbit * 1e6)  # 1 s
+    with Wan() as wan:
+        home, far = wan.host("home", rate_mbit=down_mbit, up_mbit=up_mbit), wan.host("far")
+        up = transfer(home, far, nbytes)
+        down = transfer(far, home, nbytes)
+    print(f"8 Mbit/s up: {up:.2f} s (ideal {ideal_up:.2f} s); 80 Mbit/s down: {down:.3f} s")
+    assert 0.85 * ideal_up < up < 1.6 * ideal_up, up
+    assert up / down > 4, (up, down)  # the download is not held to the upload's rate
+
 def test_public_traffic_counts_each_hosts_upload_and_download():
     """Wan.public_traffic reads every host's link at the internet bridge in one call: what a host
     sends counts as its upload, what it receives as its download (the fan-out benchmark's link use)."""

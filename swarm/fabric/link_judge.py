@@ -5,13 +5,21 @@ Along a chain every sampler fetches at about the pace of the slowest hop before 
 behind a slow one fetches as slowly and its rate says nothing of its own link. A rate says
 something only where it drops: below DROP_RATIO of the slowest rate before it in the chain the
 learner named (for the chain's head, of the median of the other samplers' best rates lately: one
-sampler claiming a huge rate cannot make every head look slow). A
-sampler with such a drop in the last MEMORY chains is slow: slow samplers go last, the fastest of
-them first, and hold up only each other; the others come first, in an order drawn anew for each
-version (a slow head shows no drop, as everyone after it is as slow; behind another head it does).
+sampler claiming a huge rate cannot make every head look slow).
 
-Not found: a slow uplink behind a fast downlink. The drop then shows at the sampler after it, which
-goes last instead (where it holds nobody up), and the one after it drops in its turn.
+A drop is the fault of one of two links: the sampler's download, or the upload of the sampler named
+before it (its feeder). A sampler that fetched at full pace lately (its best rate at least
+DROP_RATIO of the others' median best) has a download that keeps up: its drop is its feeder's,
+whose upload is judged slow. Otherwise the drop is its own: its download is judged slow. So a slow
+uplink is found once a sampler that has fetched at full pace drops behind it; a drop before that is
+blamed on the sampler that had it, until that one fetches at full pace elsewhere.
+
+Order: the samplers judged slow by neither come first, in an order drawn anew for each version;
+then the slow downloads, the fastest first, holding up only each other; then the slow uplinks, with
+nobody behind them (they fetch at the pace of the slow downloads before them, if any; between the
+two, a sampler wrongly judged slow behind a slow uplink would sit behind it in every chain after,
+never to show that its download keeps up). A judgment lasts while its drops are among the last
+MEMORY chains: a slow uplink, last, is tried again after that.
 """
 
 from __future__ import annotations
@@ -66,31 +74,49 @@ class LinkJudge:
             self._chains.popitem(last=False)
 
     def slow(self) -> dict[str, float]:
-        """The samplers judged slow: the rate of each one's latest drop (bytes per second)."""
+        """The samplers whose downloads are judged slow: the rate of each one's latest drop (bytes
+        per second)."""
+        return self._judge()[0]
+
+    def slow_uplinks(self) -> set[str]:
+        """The samplers whose uploads are judged slow: a sampler whose download keeps up elsewhere
+        dropped behind each of them."""
+        return self._judge()[1]
+
+    def _judge(self) -> tuple[dict[str, float], set[str]]:
         best = {peer: max(rates.values()) for peer, rates in self._rates.items() if rates}
-        found: dict[str, float] = {}
+        slow_down: dict[str, float] = {}
+        slow_up: set[str] = set()
         for version, chain in self._chains.items():  # oldest first: a later drop is the one kept
             floor = None  # the slowest rate before this sampler in the chain
-            for peer in chain:
+            for place, peer in enumerate(chain):
                 rate = self._rates.get(peer, {}).get(version)
                 if rate is None:
                     continue
                 others = [b for p, b in best.items() if p != peer]
-                ref = floor if floor is not None else statistics.median(others) if others else None
+                typical = statistics.median(others) if others else None
+                ref = floor if floor is not None else typical
                 if ref is not None and rate < DROP_RATIO * ref:
-                    found[peer] = rate
+                    keeps_up = typical is not None and best[peer] >= DROP_RATIO * typical
+                    if keeps_up and place > 0:
+                        slow_up.add(chain[place - 1])
+                    elif not keeps_up:
+                        slow_down[peer] = rate
+                    # (a head that keeps up elsewhere dropped for the learner's sake: nobody is judged)
                 floor = rate if floor is None else min(floor, rate)
-        return found
+        return slow_down, slow_up
 
     def order(self, sharers: Iterable[str], version: int) -> list[str]:
-        """`sharers` in the order of `version`'s chain: samplers not judged slow first, then the slow
-        ones, the fastest of them first. Sorted by peer id while no sharer's rate is known (a
-        payload too small to judge links by); else in an order drawn from a hash of version and peer."""
+        """`sharers` in the order of `version`'s chain: samplers judged slow by neither link first,
+        then slow downloads, the fastest of them first, then slow uplinks. Sorted by peer id while no
+        sharer's rate is known (a payload too small to judge links by); else in an order drawn from a
+        hash of version and peer."""
         sharers = list(dict.fromkeys(sharers))
-        slow = self.slow()
+        slow_down, slow_up = self._judge()
         known = any(peer in self._rates for peer in sharers)
 
         def key(peer: str) -> tuple:
             draw = hashlib.sha256(f"{version}:{peer}".encode()).hexdigest() if known else ""
-            return (peer in slow, -slow.get(peer, 0.0), draw, peer)
+            tier = 2 if peer in slow_up else 1 if peer in slow_down else 0
+            return (tier, -slow_down.get(peer, 0.0), draw, peer)
         return sorted(sharers, key=key)
