@@ -38,6 +38,7 @@ still receive theirs, on the same two cores.
     GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=1,8 python -m benchmarks fanout_wan
     GEPO_FANOUT_MBIT=50 GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
     GEPO_FANOUT_SLOW_MBIT=20 GEPO_FANOUT_DELTAS=4 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
+    GEPO_FANOUT_SLOW_UP_MBIT=20 GEPO_FANOUT_DELTAS=6 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
 
 GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
 reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
