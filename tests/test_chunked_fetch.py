@@ -391,6 +391,7 @@ def test_a_slow_uplink_is_found_by_the_drops_behind_it_and_put_last_and_a_slow_d
     judge.heard([member(p, [13], fetch=(13, mib, mib / slow)) for p in ("a", "b")])
     assert judge.slow_uplinks() == {"u"} and set(judge.slow()) == {"s"}
 
+
 class ListedFabric:
     """What a learner's SharerView reads of its fabric: its peer id and the members' records."""
 

@@ -85,6 +85,14 @@ class LinkJudge:
 
     def _judge(self) -> tuple[dict[str, float], set[str]]:
         best = {peer: max(rates.values()) for peer, rates in self._rates.items() if rates}
+        typicals: dict[str, float | None] = {}  # per sampler: the median of the others' best rates
+
+        def typical_for(peer: str) -> float | None:
+            if peer not in typicals:
+                others = [b for p, b in best.items() if p != peer]
+                typicals[peer] = statistics.median(others) if others else None
+            return typicals[peer]
+
         slow_down: dict[str, float] = {}
         slow_up: set[str] = set()
         for version, chain in self._chains.items():  # oldest first: a later drop is the one kept
@@ -93,8 +101,7 @@ class LinkJudge:
                 rate = self._rates.get(peer, {}).get(version)
                 if rate is None:
                     continue
-                others = [b for p, b in best.items() if p != peer]
-                typical = statistics.median(others) if others else None
+                typical = typical_for(peer)
                 ref = floor if floor is not None else typical
                 if ref is not None and rate < DROP_RATIO * ref:
                     keeps_up = typical is not None and best[peer] >= DROP_RATIO * typical
