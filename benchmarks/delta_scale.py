@@ -38,7 +38,7 @@ SCALES = {"Qwen3-0.6B": 0.6e9, "7B": 7.6e9}  # parameters published (0.6B: 596M 
 # the new bits, or the whole tensor when that is smaller; msgpack, zlib level 6
 
 def encode_format2(base: dict, new: dict) -> bytes:
-    from swarm.fabric.weight_delta import _bits, state_hash
+    from swarm.fabric.weights.delta import _bits, state_hash
 
     tensors = []
     for name in sorted(new):
@@ -59,7 +59,7 @@ def encode_format2(base: dict, new: dict) -> bytes:
 
 
 def apply_format2(payload: bytes, base: dict) -> dict:
-    from swarm.fabric.weight_delta import DTYPES, _UINT, _bits, _from_bits, state_hash
+    from swarm.fabric.weights.delta import DTYPES, _UINT, _bits, _from_bits, state_hash
 
     body = msgpack.unpackb(zlib.decompress(payload[1:]), raw=False)
     assert state_hash(base) == body["base_hash"]
@@ -80,7 +80,9 @@ def apply_format2(payload: bytes, base: dict) -> dict:
 
 def encode_index_order(base: dict, new: dict) -> bytes:
     """Format 3's coding without the classes (ablation): varint gaps in index order, then the steps."""
-    from swarm.fabric.weight_delta import FLOATS, ZLIB_LEVEL, ZLIB_STRATEGY, _bits, ordered, varint_encode, zigzag
+    from swarm.fabric.weights.delta import FLOATS, ZLIB_LEVEL, ZLIB_STRATEGY, _bits
+    from swarm.fabric.weights.value_classes import ordered
+    from swarm.fabric.weights.varints import varint_encode, zigzag
 
     gaps, steps = [], []
     for name in sorted(new):
@@ -98,8 +100,8 @@ def encode_index_order(base: dict, new: dict) -> bytes:
 def entropy_bounds(base: dict, new: dict) -> dict:
     """Bits per changed element: positions without context (log2 C(n, k) per tensor) and given the
     base's exponent class (per tensor and class), steps pooled and per class."""
-    from swarm.fabric.value_classes import local_classes, ordered
-    from swarm.fabric.weight_delta import FLOATS, _bits, entropy_bits, log2_binomial
+    from swarm.fabric.weights.value_classes import local_classes, ordered
+    from swarm.fabric.weights.delta import FLOATS, _bits, entropy_bits, log2_binomial
 
     changed_total = 0
     positions_iid = positions_class = 0.0
@@ -145,7 +147,7 @@ def timed(fn, *args, repeat: int = 1, **kwargs):
 
 
 def measure_step(prev: dict, new: dict, step: int) -> dict:
-    from swarm.fabric.weight_delta import apply_payload, encode_delta, state_hash
+    from swarm.fabric.weights.delta import apply_payload, encode_delta, state_hash
 
     elements = sum(t.numel() for t in new.values())
     snapshot = sum(t.numel() * t.element_size() for t in new.values())

@@ -1,4 +1,4 @@
-"""Speed and memory of weight deltas (swarm/fabric/weight_delta.py) against the code before they
+"""Speed and memory of weight deltas (swarm/fabric/weights/delta.py) against the code before they
 were parallelised: git REFERENCE's module, loaded into this process, on the same inputs.
 
 Inputs: a synthetic bf16 state of about 50M elements shaped like a small Qwen3 (a 16384 x 1024
@@ -60,7 +60,7 @@ def reference_module() -> types.ModuleType | None:
     """weight_delta.py as of REFERENCE (None without git history)."""
     root = Path(__file__).resolve().parents[1]
     try:
-        source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weight_delta.py"], cwd=root, check=True,
+        source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weights/delta.py"], cwd=root, check=True,
                                 capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -109,7 +109,7 @@ def with_threads(module, threads: int, fn):
 
 
 def measure(label: str, update: float, old) -> dict:
-    from swarm.fabric import weight_delta as wd
+    from swarm.fabric.weights import delta as wd
 
     base, new = synthetic_states(update)
     elements = sum(t.numel() for t in new.values())
@@ -176,7 +176,7 @@ def markdown(f: dict) -> str:
         f"`python -m benchmarks delta_speed` (`benchmarks/delta_speed.py`). A synthetic bf16 state of "
         f"{rows[0]['elements'] / 1e6:.1f}M elements (a 16384 x 1024 embedding and three layers of Qwen3-shaped matrices, "
         "N(0, 0.02), norms near 1); the next version moves every float32 master by +-u and casts again. "
-        f"Old: `swarm/fabric/weight_delta.py` as of {f['reference'][:8]} (single-threaded), loaded into the same process; "
+        f"Old: `swarm/fabric/weights/delta.py` as of {f['reference'][:8]} (single-threaded), loaded into the same process; "
         f"new: the current module with {rows[0]['threads']} threads (THREADS, min(4, cores)) and with one. "
         f"Best of {f['repeats']}, old and new run alternately. Memory: the peak that tracemalloc sees (numpy's buffers, "
         "Python's objects) beyond what was held before, less the call's result (the payload; the new state), per "

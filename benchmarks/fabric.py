@@ -21,7 +21,7 @@ from benchmarks.common import markdown_table, write_result
 def delta_fractions(steps: int = 4) -> list[dict]:
     from swarm.generation import SamplingParams
     from swarm.generation.transformers_backend import TransformersBackend
-    from swarm.fabric.weight_delta import encode_delta, encode_snapshot
+    from swarm.fabric.weights.delta import encode_delta, encode_snapshot
     from swarm.model.loading import load_policy
     from swarm.rewards import RewardScorer
     from swarm.sampling import produce_rollouts
@@ -56,7 +56,7 @@ def delta_fractions(steps: int = 4) -> list[dict]:
 
 
 def _frames(n: int) -> list[bytes]:
-    from swarm.fabric.wire import encode_group
+    from swarm.fabric.rollouts.wire import encode_group
     from swarm.rollouts import RolloutGroup
 
     g = RolloutGroup("arith-d2-12+34", list(range(3, 40)), [list(range(3, 19))] * 8, [[-0.1] * 16] * 8,

@@ -60,7 +60,7 @@ class _Holders:
 
 def fan_out(transport: str, receivers: int, relay: bool, state: dict) -> dict:
     from swarm.fabric.local import LocalFabrics
-    from swarm.fabric.versions import VersionStore
+    from swarm.fabric.weights.versions import VersionStore
 
     with LocalFabrics(transport, f"fanout-{transport}") as fabrics:
         learner = fabrics.make()

@@ -27,14 +27,14 @@ from pathlib import Path
 import torch
 
 from swarm.config import SwarmSettings, default_of
-import swarm.fabric.chunked_fetch as chunked_fetch
-from swarm.fabric.chunked_fetch import SharerView
-from swarm.fabric.follower import VersionFollower
-from swarm.fabric.identity import decode_learner_key, encode_learner_key
-from swarm.fabric.pulse import Pulse
-from swarm.fabric.records import Heartbeat
+import swarm.fabric.weights.chunked_fetch as chunked_fetch
+from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.follower import VersionFollower
+from swarm.config.learner_keys import decode_learner_key, encode_learner_key
+from swarm.fabric.membership.pulse import Pulse
+from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.transports import join
-from swarm.fabric.versions import VersionStore
+from swarm.fabric.weights.versions import VersionStore
 from swarm.runlog import EventLog, write_json_atomic
 from swarm.signals import install_stop_signals
 from swarm.staleness import SecondsDelay

@@ -9,9 +9,9 @@ Three strategies:
 - star: every sampler fetches from the learner, which serves them all at once (no upload limit);
 - relay: samplers fetch the whole version from other holders first, every holder serves at most
   2 transfers at once (the learner too), a busy holder is passed over;
-- chunked: the product's default (swarm/fabric/chunked_fetch.py): the samplers fetching a payload
+- chunked: the product's default (swarm/fabric/weights/chunked_fetch.py): the samplers fetching a payload
   (in chunks of 1 MiB for the snapshot, 256 KiB for the delta: chunks.chunk_bytes_for) pass it
-  along a chain (a delta's in the order the learner names them, slow links last: swarm/fabric/link_judge.py;
+  along a chain (a delta's in the order the learner names them, slow links last: swarm/fabric/membership/link_judge.py;
   a snapshot's in the order of their peer ids): the first takes every chunk from whole holders
   (the learner, 2 upload slots), each of the others every chunk from the one before it, which
   passes each chunk on as its bytes arrive (cut-through; the last byte once the chunk verified).

@@ -35,7 +35,7 @@ RUN_ID = "bench-flood"
 
 
 def limits_for(mode: str):
-    from swarm.fabric.wire import WireLimits
+    from swarm.fabric.rollouts.wire import WireLimits
 
     if mode == "baseline":
         return WireLimits()
@@ -50,9 +50,9 @@ def serve(transport: str, bootstrap: str, limits: str, seconds: float, out: Path
     """The inbox process: join, take groups at 20/s, sample resident memory every 0.25 s."""
     import psutil
 
-    from swarm.fabric.bans import PeerBans
+    from swarm.fabric.rollouts.bans import PeerBans
     from swarm.fabric.transports import join
-    from swarm.fabric.wire import WireLimits
+    from swarm.fabric.rollouts.wire import WireLimits
 
     me = psutil.Process()
     fabric = join(transport, run_id=RUN_ID, peers=[bootstrap], role="peer")
@@ -96,7 +96,7 @@ TEMPLATE_UID = "f" * 32
 
 def maximal_frame(limits, rng) -> bytes:
     """The largest group the limits let through (fitting in a frame), valid in every field."""
-    from swarm.fabric.wire import encode_group
+    from swarm.fabric.rollouts.wire import encode_group
     from swarm.rollouts import RolloutGroup
 
     g = limits.max_completions
@@ -108,7 +108,7 @@ def maximal_frame(limits, rng) -> bytes:
 
 
 def honest_frame() -> bytes:
-    from swarm.fabric.wire import encode_group
+    from swarm.fabric.rollouts.wire import encode_group
     from swarm.rollouts import RolloutGroup
 
     return encode_group(RolloutGroup("arith-d2-1+2", list(range(3, 40)), [list(range(3, 19))] * 8, [[-0.1] * 16] * 8,

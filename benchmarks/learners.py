@@ -7,7 +7,7 @@ each learner sends and receives per round.
 
 Env: GEPO_LEARNERS_WINDOW_S (measured seconds per setting, default 120), GEPO_LEARNERS_SAMPLERS (4).
 The bytes per round follow from the protocol, not from a guess: each learner contributes its
-gradient as float64 fixed point (8 bytes per parameter, swarm.fabric.learner_group), and in
+gradient as float64 fixed point (8 bytes per parameter, swarm.fabric.hivemind.learner_group), and in
 hivemind's butterfly all-reduce each of n members sends (n-1)/n of its vector to the others and
 receives as much back. Writes benchmarks/results/learners.{json,md}.
 """

@@ -21,7 +21,7 @@ from swarm.config import BootstrapConfig
 def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = print,
                   stop: threading.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set)."""
-    from swarm.fabric.identity import default_identity_dir
+    from swarm.fabric.membership.identity import default_identity_dir
     from swarm.fabric.transports import start_bootstrap
     from swarm.runlog import EventLog, write_ready
     from swarm.signals import install_stop_signals

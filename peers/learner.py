@@ -51,8 +51,8 @@ def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
 def join_team(config: LearnerConfig, fabric, core, events, echo):
     """This learner's LearnerTeam (swarm.team) over hivemind; None over gRPC, which has no
     averaging (a --certificate there is refused). Checks the certificate names this learner and run."""
-    from swarm.fabric.authority import parse, read_certificate
-    from swarm.fabric.identity import encode_learner_key
+    from swarm.fabric.membership.authority import parse, read_certificate
+    from swarm.config.learner_keys import encode_learner_key
     from swarm.team import LearnerTeam, float32_hash
 
     certificate = read_certificate(config.certificate) if config.certificate else ""
@@ -84,22 +84,23 @@ def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | No
     from swarm.checkpoint import load_verified, save_checkpoint
     from swarm.config import write_config
     from swarm.dashboard import peer_dashboard
-    from swarm.fabric.bans import PeerBans
-    from swarm.fabric.chunked_fetch import SharerView
+    from swarm.fabric.rollouts.bans import PeerBans
+    from swarm.fabric.weights.chunked_fetch import SharerView
     from swarm.fabric.interface import JoinError
-    from swarm.fabric.identity import encode_learner_key
-    from swarm.fabric.pulse import Pulse
-    from swarm.fabric.records import Heartbeat, RunSampling
+    from swarm.config.learner_keys import encode_learner_key
+    from swarm.fabric.membership.pulse import Pulse
+    from swarm.fabric.membership.records import Heartbeat
+    from swarm.fabric.weights.announcements import RunSampling
     from swarm.fabric.transports import join_with
-    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore
+    from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
     from swarm.intake import GroupIntake
     from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
     from swarm.model.loading import load_policy
-    from swarm.fabric.weight_delta import non_finite_tensors, state_hash
+    from swarm.fabric.weights.delta import non_finite_tensors, state_hash
     from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
     from swarm.signals import install_stop_signals
     from swarm.tasks import load_problems
-    from swarm.fabric.wire import WireLimits
+    from swarm.fabric.rollouts.wire import WireLimits
     from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
     from swarm.verification import LogprobVerifier
 

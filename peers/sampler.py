@@ -1,9 +1,9 @@
 """The sampler peer: holds a policy version, generates and scores rollout groups for prompts drawn
 at random (seeded by its id), streams them to the learner, and picks up new versions as they are
-announced (only versions announced under the learner keys it was given; swarm.fabric.follower
+announced (only versions announced under the learner keys it was given; swarm.fabric.weights.follower
 fetches them in the background, from other samplers that hold them or from the learner). It
 serves the versions it holds to any peer that asks (at most `upload_slots` at once) and lists
-them in its heartbeat, which a thread of its own sends (swarm.fabric.pulse), whatever the
+them in its heartbeat, which a thread of its own sends (swarm.fabric.membership.pulse), whatever the
 generation loop is doing. Groups the learner refuses or cannot take are counted by reason, not
 sent again.
 
@@ -51,12 +51,12 @@ def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | No
     download is."""
     from swarm.config import write_config
     from swarm.dashboard import peer_dashboard
-    from swarm.fabric.follower import VersionFollower
-    from swarm.fabric.identity import decode_learner_key
-    from swarm.fabric.pulse import Pulse
-    from swarm.fabric.records import Heartbeat, Refusals
+    from swarm.fabric.weights.follower import VersionFollower
+    from swarm.config.learner_keys import decode_learner_key
+    from swarm.fabric.membership.pulse import Pulse
+    from swarm.fabric.membership.records import Heartbeat, Refusals
     from swarm.fabric.transports import join_with
-    from swarm.fabric.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
+    from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
     from swarm.generation import SamplingParams, make_backend
     from swarm.model.device import resolve_device, resolve_dtype
     from swarm.model.loading import resolve_model_dir

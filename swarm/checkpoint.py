@@ -124,7 +124,7 @@ def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
     to what its state.json says; a damaged newer one is skipped with a `warn`ing.
     `build_learner(model, tokenizer)` makes the learner (anything with an `optimizer`) that the
     saved optimizer state is loaded into. Raises FileNotFoundError when no checkpoint is usable."""
-    from swarm.fabric.weight_delta import state_hash
+    from swarm.fabric.weights.delta import state_hash
     from swarm.model.loading import load_policy
 
     found = list_checkpoints(run_dir)

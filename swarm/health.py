@@ -1,5 +1,5 @@
 """Why is nothing happening? The flags `swarm status` prints under its table, computed from the
-membership records (swarm.fabric.records) and the newest version announcement alone: one pure
+membership records (swarm.fabric.membership.records) and the newest version announcement alone: one pure
 function, `status_flags`, so each flag is tested on records made by hand.
 
 Each flag is {"kind", "peer", "message", "command"}: what looks wrong, about which peer ("" for

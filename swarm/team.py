@@ -1,8 +1,8 @@
 """A learner's part in a run that several learners train (hivemind transport).
 
-The run owner's learner trains alone until another learner the owner certified (swarm.fabric.authority)
+The run owner's learner trains alone until another learner the owner certified (swarm.fabric.membership.authority)
 shows up in the membership records; from then on every step averages gradients with whichever
-authorised learners are averaging (swarm.fabric.learner_group), so all of them take the same step
+authorised learners are averaging (swarm.fabric.hivemind.learner_group), so all of them take the same step
 and publish the same version with the same hash. Samplers send each round to the next learner
 announcing the newest version, so each group is used once.
 
@@ -21,8 +21,8 @@ from typing import Callable
 
 import torch
 
-from swarm.fabric.authority import authorises
-from swarm.fabric.weight_delta import state_hash
+from swarm.fabric.membership.authority import authorises
+from swarm.fabric.weights.delta import state_hash
 
 
 @dataclass

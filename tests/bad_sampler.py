@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--lie", action="store_true", help="send right answers with made-up log-probs instead")
     args = parser.parse_args()
 
-    from swarm.fabric.identity import decode_learner_key
+    from swarm.config.learner_keys import decode_learner_key
     from swarm.fabric.transports import join
     from swarm.model.loading import load_policy
     from swarm.tasks.synthetic import ArithmeticTask

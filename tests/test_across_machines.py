@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from swarm.config import LearnerConfig, SamplerConfig, check_announce_addr
-from swarm.fabric.addresses import order_for_others
-from swarm.fabric.pulse import Pulse
+from swarm.fabric.membership.addresses import order_for_others
+from swarm.fabric.membership.pulse import Pulse
 from swarm.fabric.transports import start_bootstrap
-from swarm.fabric.upload_slots import UploadSlots
-from swarm.fabric.versions import VersionStore, snapshot_bytes
+from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
 
 PEER = "/ip4/127.0.0.1/tcp/31337/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
 
@@ -117,9 +117,9 @@ def _sampler_error(tmp_path, swarm, key: str) -> str:
 def test_a_sampler_without_a_version_says_why(tmp_path):
     """No learner in the run; then a learner under another key than the one given."""
     from swarm.cli.launcher import LocalSwarm
-    from swarm.fabric.identity import encode_learner_key
+    from swarm.config.learner_keys import encode_learner_key
     from hivemind.utils.crypto import RSAPrivateKey
-    from swarm.fabric.grpc_common import owner_key
+    from swarm.fabric.signing import owner_key
 
     stranger = encode_learner_key(owner_key(RSAPrivateKey()))
     swarm = LocalSwarm(tmp_path, run_id="why")

@@ -1,4 +1,4 @@
-"""A learner's announcement pushed to the samplers it names as sharers (swarm/fabric/announcement_push.py):
+"""A learner's announcement pushed to the samplers it names as sharers (swarm/fabric/weights/announcement_push.py):
 what a receiver accepts (only a push whose signature holds, by a key that may publish the run),
 and, on real swarms over both transports, that a named sampler fetches the version at once, with
 no look at the announcements, while a stranger's push changes nothing."""
@@ -10,7 +10,7 @@ import torch
 from hivemind.utils.crypto import RSAPrivateKey
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.announcement_push import (
+from swarm.fabric.weights.announcement_push import (
     MAX_PUSH_AGE_S,
     MAX_PUSH_BYTES,
     PUSH_OP,
@@ -19,10 +19,11 @@ from swarm.fabric.announcement_push import (
     push_request,
     read_push,
 )
-from swarm.fabric.follower import VersionFollower
-from swarm.fabric.grpc_common import owner_key, pack, verify_owner_signature
-from swarm.fabric.records import RunSampling, VersionAnnouncement
-from swarm.fabric.versions import VersionStore
+from swarm.fabric.weights.follower import VersionFollower
+from swarm.fabric.signing import owner_key, verify_owner_signature
+from swarm.fabric.grpc.common import pack
+from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
+from swarm.fabric.weights.versions import VersionStore
 from swarm.staleness import SecondsDelay
 
 RUN = "push-test"

@@ -1,4 +1,4 @@
-"""Cut-through within a chunk (swarm/fabric/chunks.py: Partial.receiving, ChunkFeed): a chunk a
+"""Cut-through within a chunk (swarm/fabric/weights/chunks.py: Partial.receiving, ChunkFeed): a chunk a
 relaying peer receives is passed on as its bytes arrive, its last byte only once the whole chunk
 verified there; a chunk that does not arrive whole or verified is cut off at every requester. First
 on a ChunkBook alone, then over the wire between real peers of each transport on loopback."""
@@ -9,8 +9,8 @@ import time
 import pytest
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.chunks import ChunkBook, ChunkCutOff, ChunkFeed, spec_of
-from swarm.fabric.versions import VersionStore
+from swarm.fabric.weights.chunks import ChunkBook, ChunkCutOff, ChunkFeed, spec_of
+from swarm.fabric.weights.versions import VersionStore
 from tests.test_chunks import CHUNK, payload
 
 

@@ -1,4 +1,4 @@
-"""A chunked fetch (swarm/fabric/chunked_fetch.py) against real holders on loopback: a chain of
+"""A chunked fetch (swarm/fabric/weights/chunked_fetch.py) against real holders on loopback: a chain of
 peers with one gone from its middle, peers whose stripe plans differ, a redirect to a peer that has
 left, a sharer this peer avoids, a chunk asked for the moment a fetch starts, a manifest asked for
 already, who shares a payload out, the plans peers make, and a fetch whose holders all lack it. The chunks themselves and whole swarms sharing versions out: test_chunks.py."""
@@ -9,12 +9,12 @@ from concurrent.futures import Future
 
 import pytest
 
-import swarm.fabric.chunked_fetch as chunked_fetch
-from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, sharers_for
-from swarm.fabric.link_judge import LinkJudge
-from swarm.fabric.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
-from swarm.fabric.records import Heartbeat, Member
-from swarm.fabric.versions import VersionStore
+import swarm.fabric.weights.chunked_fetch as chunked_fetch
+from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, sharers_for
+from swarm.fabric.membership.link_judge import LinkJudge
+from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
+from swarm.fabric.membership.records import Heartbeat, Member
+from swarm.fabric.weights.versions import VersionStore
 from tests.test_chunks import CHUNK, payload, versions
 
 
@@ -78,7 +78,7 @@ def test_peers_that_each_take_the_other_for_a_chunks_owner_fetch_it_instead_of_w
     """Records seen a heartbeat apart can give two peers mirrored stripe plans: each waits for the
     other to have its odd chunks. A peer asked for a chunk it is not fetching fetches it next
     (`_adopt`), so neither waits out OWNER_WAIT_S (made a minute here: the test would time out)."""
-    import swarm.fabric.chunked_fetch as chunked_fetch
+    import swarm.fabric.weights.chunked_fetch as chunked_fetch
 
     monkeypatch.setattr(chunked_fetch, "OWNER_WAIT_S", 60.0)
     learner, store, spec = learner_with_a_snapshot(make_fabric)

@@ -1,4 +1,4 @@
-"""Versions in verifiable chunks (swarm/fabric/chunks.py, chunked_fetch.py): the manifest and its
+"""Versions in verifiable chunks (swarm/fabric/weights/chunks.py, chunked_fetch.py): the manifest and its
 root, a partial payload served while it fills, a holder's answers; then real swarms on loopback,
 over both transports, where three samplers share a snapshot and a delta out in stripes (the
 learner uploads about one copy), every one rebuilds the version bit for bit, and a peer that
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.chunks import (
+from swarm.fabric.weights.chunks import (
     DEFAULT_CHUNK_BYTES,
     DIGEST_BYTES,
     MAX_WAIT_S,
@@ -31,15 +31,16 @@ from swarm.fabric.chunks import (
     slot_share,
     spec_of,
 )
-import swarm.fabric.chunked_fetch as chunked_fetch
-import swarm.fabric.versions as versions_module
-from swarm.fabric.chunked_fetch import SharerView
-from swarm.fabric.follower import VersionFollower
-from swarm.fabric.pulse import Pulse
-from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
-from swarm.fabric.upload_slots import UploadSlots
-from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import CorruptVersion, state_hash
+import swarm.fabric.weights.chunked_fetch as chunked_fetch
+import swarm.fabric.weights.versions as versions_module
+from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.follower import VersionFollower
+from swarm.fabric.membership.pulse import Pulse
+from swarm.fabric.membership.records import Heartbeat
+from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
+from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.weights.delta import CorruptVersion, state_hash
 from swarm.staleness import SecondsDelay
 from tests.wan_weights import corrupting
 
@@ -93,12 +94,12 @@ def test_an_announcement_keeps_only_its_own_versions_well_formed_chunk_specs():
 def test_an_announcement_names_a_bounded_list_of_sharers_in_its_order_that_followers_read_back():
     from pydantic.v1 import ValidationError
 
-    from swarm.fabric.records import MAX_ANNOUNCED_SHARERS
-    from swarm.fabric.announcements import newest_authorised
+    from swarm.fabric.weights.announcements import MAX_ANNOUNCED_SHARERS
+    from swarm.fabric.weights.announcements import newest_authorised
 
     many = [f"peer-{i:03d}" for i in range(MAX_ANNOUNCED_SHARERS + 10)] + ["peer-001"]
     ann = VersionAnnouncement.of("run", 3, "a" * 64, "learner", 0.0, RunSampling(), sharers=reversed(many))
-    # deduplicated, bounded, in the order named (a chain's: swarm.fabric.link_judge)
+    # deduplicated, bounded, in the order named (a chain's: swarm.fabric.membership.link_judge)
     assert ann.sharers == list(dict.fromkeys(reversed(many)))[:MAX_ANNOUNCED_SHARERS]
     assert ann.sharers[0] == "peer-001" and ann.sharers[1] == f"peer-{MAX_ANNOUNCED_SHARERS + 9:03d}"
     assert newest_authorised([(b"key", ann.dict())], [b"key"], "run").sharers == tuple(ann.sharers)
@@ -206,7 +207,7 @@ def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_
     chunk within REDIRECT_S are sent there, unless they force (that relay failed them); a
     requester that does not relay is never a target, and a payload being received is never
     redirected (its owner is what others ask)."""
-    import swarm.fabric.chunks as chunks
+    import swarm.fabric.weights.chunks as chunks
 
     data = payload(3 * CHUNK)
     book = ChunkBook(lambda kind, version: data if version == 4 else None, CHUNK)
@@ -311,7 +312,7 @@ def test_a_holder_crowded_with_waiting_requests_answers_busy_not_missing(monkeyp
     """Past MAX_WAITERS waiting requests, or past a request's wait, a chunk still on its way is
     answered busy (ask again shortly), never "not held", which a fetch counts against its owner;
     held chunks are served."""
-    import swarm.fabric.chunks as chunks
+    import swarm.fabric.weights.chunks as chunks
 
     monkeypatch.setattr(chunks, "MAX_WAITERS", 1)
     data = payload(2 * CHUNK)
@@ -443,7 +444,7 @@ def test_samplers_share_a_version_out_in_chunks_and_rebuild_it_bit_for_bit(make_
 
 def test_samplers_make_their_chain_in_the_order_the_learner_named_them(make_fabric):
     """The learner names a delta's sharers in its chain's order (slow links last:
-    swarm.fabric.link_judge); every sampler follows that order, not its own sort of the ids."""
+    swarm.fabric.membership.link_judge); every sampler follows that order, not its own sort of the ids."""
     store, server, learner, samplers, sizes = share_out(make_fabric, corrupt=False, order=lambda named: named[::-1])
     try:
         by_id = {s.fabric.peer_id: s for s in samplers}

@@ -21,7 +21,7 @@ from benchmarks.waiting import wait_until
 from swarm.dashboard import DashboardServer, Poller, Reading, SwarmView
 from swarm.dashboard.runs import RunDirs
 from swarm.dashboard.state import KEEP_STEPS, MAX_POINTS, MAX_VERSIONS, StepSeries
-from swarm.fabric.dht import free_port
+from swarm.fabric.hivemind.dht import free_port
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -204,7 +204,7 @@ def test_read_swarm_counts_only_learners_announcements(transport):
     is ignored unless its key is the one given."""
     from swarm.dashboard import read_swarm
     from swarm.fabric.local import LocalFabrics
-    from swarm.fabric.records import Heartbeat
+    from swarm.fabric.membership.records import Heartbeat
     from swarm.fabric.transports import observe
 
     with LocalFabrics(transport, "swarm") as fabrics:
@@ -260,7 +260,7 @@ class HostilePeer:
     def __init__(self, addr: str) -> None:
         import threading
 
-        from swarm.fabric.records import Heartbeat, members_key
+        from swarm.fabric.membership.records import Heartbeat, members_key
         from swarm.fabric.transports import join
 
         self.fabric = join("hivemind", run_id="swarm", peers=[addr], role="sampler")

@@ -11,10 +11,11 @@ import time
 import pytest
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.dht import start_dht
-from swarm.fabric.identity import load_or_create_signing_key
+from swarm.fabric.hivemind.dht import start_dht
+from swarm.fabric.membership.identity import load_or_create_signing_key
 from swarm.fabric.interface import JoinError
-from swarm.fabric.records import Heartbeat, MembershipPublisher, list_members, members_key
+from swarm.fabric.membership.records import Heartbeat, members_key
+from swarm.fabric.hivemind.records import MembershipPublisher, list_members
 from swarm.runlog import read_jsonl
 
 RUN = "test-run"

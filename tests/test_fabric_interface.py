@@ -6,11 +6,13 @@ import inspect
 import pytest
 
 from swarm.fabric import interface
-from swarm.fabric.grpc_peer import GrpcFabric, GrpcRolloutSender, GrpcWeightClient
-from swarm.fabric.grpc_registry import GrpcBootstrap
-from swarm.fabric.hivemind_transport import HivemindBootstrap, HivemindFabric
-from swarm.fabric.rollout_exchange import RolloutSender
-from swarm.fabric.versions import WeightClient
+from swarm.fabric.grpc.fabric import GrpcFabric
+from swarm.fabric.grpc.weights import GrpcWeightClient
+from swarm.fabric.grpc.rollouts import GrpcRolloutSender
+from swarm.fabric.grpc.registry import GrpcBootstrap
+from swarm.fabric.hivemind.fabric import HivemindBootstrap, HivemindFabric
+from swarm.fabric.hivemind.rollouts import RolloutSender
+from swarm.fabric.hivemind.weights import WeightClient
 
 
 def protocol_members(protocol) -> dict:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
+from swarm.fabric.weights.delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
 from test_fuzz import WEIRD, chooser, fuzz, mutate_bytes, weighted
 
 # weight payloads

@@ -15,12 +15,12 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from swarm.fabric.bans import PeerBans
-from swarm.fabric.grpc_common import SERVICE, pack, unpack
-from swarm.fabric.records import Heartbeat
-from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import apply_payload, state_hash
-from swarm.fabric.wire import encode_group
+from swarm.fabric.rollouts.bans import PeerBans
+from swarm.fabric.grpc.common import SERVICE, pack, unpack
+from swarm.fabric.membership.records import Heartbeat
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.weights.delta import apply_payload, state_hash
+from swarm.fabric.rollouts.wire import encode_group
 from swarm.rollouts import RolloutGroup
 from test_fuzz import (ANY_FRAME, LEARNER_VERSION, LIMITS, MAX_STALENESS, RUN, SAFE_EDGE_INTS, SAFE_INTS, SAFE_WEIRD, VOCAB,
                        assert_registry_sound, assert_valid_group, drain, fuzz, mutated_requests, random_requests, scalars)
@@ -193,8 +193,8 @@ def hivemind_weight_request(swarm, client, raw: bytes):
 
 
 def test_weight_server_survives_fuzzed_requests(swarm):
-    from swarm.fabric.loop import StreamClient
-    from swarm.fabric.versions import handler_name
+    from swarm.fabric.hivemind.loop import StreamClient
+    from swarm.fabric.hivemind.weights import handler_name
 
     client = None
     if swarm.transport == "hivemind":

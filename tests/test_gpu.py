@@ -50,7 +50,7 @@ def test_vllm_sampler_against_a_bfloat16_gpu_learner(engine, caplog):
     whole reload); groups sampled after the swap agree with the learner's log-probs (its fresh gap
     stays under the alarm)."""
     from peers.sampler import load_version
-    from swarm.fabric.versions import VersionStore
+    from swarm.fabric.weights.versions import VersionStore
     from swarm.model.loading import load_policy
     from swarm.training import LearnerCore
 

@@ -14,39 +14,19 @@ import pytest
 import torch
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.bans import PeerBans
-from swarm.fabric.follower import fetch_from_holders
-from swarm.fabric.grpc_common import (
-    CHUNK_BYTES,
-    OWNER_HEADER,
-    PEER_HEADER,
-    SERVICE,
-    RequestSigner,
-    owner_key,
-    pack,
-    peer_id_of,
-    unpack,
-)
-from swarm.fabric.grpc_peer import (
-    RESERVE_WORKERS,
-    ROLLOUTS,
-    WEIGHTS,
-    GrpcPeerServer,
-    GrpcRolloutInbox,
-    GrpcRolloutSender,
-    GrpcWeightServer,
-)
+from swarm.fabric.rollouts.bans import PeerBans
+from swarm.fabric.weights.follower import fetch_from_holders
+from swarm.fabric.grpc.common import CHUNK_BYTES, OWNER_HEADER, PEER_HEADER, SERVICE, RequestSigner, pack, peer_id_of, unpack
+from swarm.fabric.signing import owner_key
+from swarm.fabric.grpc.server import RESERVE_WORKERS, ROLLOUTS, GrpcPeerServer
+from swarm.fabric.grpc.server import WEIGHTS
+from swarm.fabric.grpc.weights import GrpcWeightServer
+from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.local import LocalFabrics
-from swarm.fabric.rollout_exchange import StreamLimits
-from swarm.fabric.versions import (
-    HEADER_LIMIT,
-    MAX_HELD_VERSIONS,
-    OversizedPayload,
-    VersionStore,
-    payload_limit,
-)
-from swarm.fabric.weight_delta import CorruptVersion
-from swarm.fabric.wire import encode_group
+from swarm.fabric.rollouts.inbox import StreamLimits
+from swarm.fabric.weights.versions import HEADER_LIMIT, MAX_HELD_VERSIONS, OversizedPayload, VersionStore, payload_limit
+from swarm.fabric.weights.delta import CorruptVersion
+from swarm.fabric.rollouts.wire import encode_group
 from swarm.rollouts import RolloutGroup
 
 RUN = "grpc-hostile-test"
@@ -141,7 +121,7 @@ def call_raw(fabric, target: str, address: str, body: bytes, metadata):
 def target_call(target: str, learner, attacker, registry_address: str):
     """(address, body, the path signed, what the body signs as) of a plausible call to `target`."""
     if target == "Heartbeat":
-        from swarm.fabric.records import Heartbeat
+        from swarm.fabric.membership.records import Heartbeat
 
         record = Heartbeat(role="learner").record(attacker.peer_id, time.time()).dict()
         body = pack({"run_id": RUN, "record": record, "expiry_s": 30.0})

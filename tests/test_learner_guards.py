@@ -10,8 +10,8 @@ import torch
 
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_verified, save_checkpoint
 from swarm.config import LossConfig
-from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import CorruptVersion, encode_snapshot, non_finite_tensors, state_hash
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.weights.delta import CorruptVersion, encode_snapshot, non_finite_tensors, state_hash
 from swarm.model.loading import load_policy
 from swarm.rollouts import RolloutGroup
 from swarm.training import LearnerCore, NonFiniteStep
@@ -46,7 +46,7 @@ class OneSnapshot:
         self.payload = payload
 
     def fetch(self, holder, want, want_hash, store):
-        from swarm.fabric.versions import RebuildingClient
+        from swarm.fabric.weights.versions import RebuildingClient
 
         client = RebuildingClient()
         client._payloads = lambda *_: [self.payload]

@@ -8,8 +8,9 @@ import threading
 import pytest
 import torch
 
-from swarm.fabric.authority import CertificateError, authorises, issue, parse, subkey_of
-from swarm.fabric.learner_group import MemberState, canonical, from_fixed_point, to_fixed_point
+from swarm.fabric.membership.authority import CertificateError, authorises, issue, parse
+from swarm.fabric.signing import owner_key
+from swarm.fabric.hivemind.learner_group import MemberState, canonical, from_fixed_point, to_fixed_point
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def keys():
 
 
 def test_a_certificate_admits_one_learner_to_one_run_of_one_owner(keys):
-    owner, learner, stranger = (subkey_of(keys[k]) for k in ("owner", "learner", "stranger"))
+    owner, learner, stranger = (owner_key(keys[k]) for k in ("owner", "learner", "stranger"))
     token = issue(keys["owner"], "run-a", learner).token
     cert = parse(token)
     assert (cert.run_id, cert.learner, cert.owner) == ("run-a", learner, owner)
@@ -41,10 +42,10 @@ def test_a_certificate_admits_one_learner_to_one_run_of_one_owner(keys):
 
 
 def test_announcements_of_certified_learners_count_and_others_do_not(keys):
-    from swarm.fabric.records import RunSampling, VersionAnnouncement
-    from swarm.fabric.announcements import newest_authorised
+    from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
+    from swarm.fabric.weights.announcements import newest_authorised
 
-    owner, learner, stranger = (subkey_of(keys[k]) for k in ("owner", "learner", "stranger"))
+    owner, learner, stranger = (owner_key(keys[k]) for k in ("owner", "learner", "stranger"))
     cert = issue(keys["owner"], "run", learner).token
 
     def ann(version, digest, peer, certificate=""):
@@ -105,8 +106,8 @@ def test_the_canonical_state_is_the_newest_version_most_members_hold():
 def learner_groups(averager_classes):
     """One real DHT process on loopback per entry, each with a learner's averaging group; an entry
     other than None is the averager class that member runs (a faulty one, in a test)."""
-    from swarm.fabric import learner_group
-    from swarm.fabric.dht import start_dht
+    from swarm.fabric.hivemind import learner_group
+    from swarm.fabric.hivemind.dht import start_dht
 
     dhts, groups = [], []
     try:
@@ -204,8 +205,8 @@ def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on
     from hivemind.p2p import P2PContext
     from hivemind.proto import averaging_pb2
 
-    from swarm.fabric import learner_group
-    from swarm.fabric.learner_group import PARTIAL_ROUND
+    from swarm.fabric.hivemind import learner_group
+    from swarm.fabric.hivemind.learner_group import PARTIAL_ROUND
 
     guarded = learner_group._make_averager_class()
 
@@ -392,7 +393,7 @@ def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
     its own gradient when nobody else came; no step but a download of the group's state when it is
     behind, holds other weights, or its all-reduce came back incomplete (the others may have
     stepped on the full mean: stepping alone would publish other weights as the same version)."""
-    from swarm.fabric.learner_group import RoundResult
+    from swarm.fabric.hivemind.learner_group import RoundResult
     from swarm.team import round_outcome
 
     me, other = MemberState("me", 5, "a" * 64, 4), MemberState("other", 5, "a" * 64, 4)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.records import Heartbeat
+from swarm.fabric.membership.records import Heartbeat
 
 
 def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
@@ -45,7 +45,7 @@ def write_as(attacker, owner_key: bytes, owner_peer_id: str, value: dict) -> boo
         return reply["ok"]
     from hivemind.utils import get_dht_time
 
-    from swarm.fabric.records import members_key
+    from swarm.fabric.membership.records import members_key
 
     return bool(attacker.dht.store(members_key(attacker.run_id), subkey=owner_key, value=value, expiration_time=get_dht_time() + 30))
 
@@ -67,7 +67,7 @@ def test_forged_and_malformed_records_are_refused(make_fabric):
 def test_unreachable_registry_fails_fast_with_a_clear_error():
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarm.fabric.grpc_peer import GrpcFabric
+    from swarm.fabric.grpc.fabric import GrpcFabric
     from swarm.fabric.interface import JoinError
 
     started = time.time()

@@ -12,8 +12,8 @@ import torch
 from peers.learner import check_run_dir
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state, save_checkpoint
 from swarm.config import LearnerConfig, SamplerConfig, read_config_file, resolve, write_config
-from swarm.fabric.bans import PeerBans
-from swarm.fabric.follower import usable_version
+from swarm.fabric.rollouts.bans import PeerBans
+from swarm.fabric.weights.follower import usable_version
 from swarm.staleness import SecondsDelay
 from swarm.training import staleness_histogram
 
@@ -140,7 +140,7 @@ def test_staleness_histogram_buckets():
 
 
 def test_peers_sharing_an_identity_dir_get_their_own_keys(tmp_path):
-    code = ("import sys, time; from swarm.fabric.identity import claim_identity_slot;"
+    code = ("import sys, time; from swarm.fabric.membership.identity import claim_identity_slot;"
             "print(claim_identity_slot(sys.argv[1], 'sampler'), flush=True); time.sleep(30)")
     first = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -136,7 +136,7 @@ def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
     busy.listen()
     registry = None
     if "{registry}" in args:
-        from swarm.fabric.grpc_registry import GrpcBootstrap
+        from swarm.fabric.grpc.registry import GrpcBootstrap
 
         registry = GrpcBootstrap("swarm", host="127.0.0.1", port=0)
     (tmp_path / "a-file").write_text("")

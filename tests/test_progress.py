@@ -129,8 +129,8 @@ def test_a_checkpoint_reports_the_bytes_it_wrote(tmp_path):
 def test_a_chunked_download_reports_every_verified_chunk():
     import random
 
-    from swarm.fabric.chunked_fetch import ChunkedFetch, ChunkSources
-    from swarm.fabric.chunks import MIN_CHUNK_BYTES, ChunkBook, spec_of
+    from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkSources
+    from swarm.fabric.weights.chunks import MIN_CHUNK_BYTES, ChunkBook, spec_of
 
     data = random.Random(0).randbytes(5 * MIN_CHUNK_BYTES + 7)
     spec, manifest = spec_of("snapshot", 3, data, MIN_CHUNK_BYTES)
@@ -155,7 +155,7 @@ def test_a_whole_version_download_reports_its_bytes_as_they_arrive(make_fabric):
     over hivemind, the gRPC stream's messages), adding up to what the fetch reports."""
     import torch
 
-    from swarm.fabric.versions import VersionStore
+    from swarm.fabric.weights.versions import VersionStore
 
     torch.manual_seed(0)
     state = {"w": torch.randn(3072, 1536).to(torch.bfloat16)}  # 9 MiB: several pieces over either transport

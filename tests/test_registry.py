@@ -13,21 +13,13 @@ import grpc
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
-from swarm.fabric.grpc_common import (
-    REGISTRY_REQUEST_LIMIT,
-    SERVICE,
-    Caller,
-    RequestSigner,
-    key_id,
-    owner_key,
-    pack,
-    peer_id_of,
-    unpack,
-)
-from swarm.fabric.grpc_peer import GrpcFabric
-from swarm.fabric.grpc_registry import PAGE_SIZE, Registry, serve_registry, stop_registry
-from swarm.fabric.records import Heartbeat, RunSampling, VersionAnnouncement
-from swarm.fabric.announcements import newest_authorised
+from swarm.fabric.grpc.common import REGISTRY_REQUEST_LIMIT, SERVICE, Caller, RequestSigner, key_id, pack, peer_id_of, unpack
+from swarm.fabric.signing import owner_key
+from swarm.fabric.grpc.fabric import GrpcFabric
+from swarm.fabric.grpc.registry import PAGE_SIZE, Registry, serve_registry, stop_registry
+from swarm.fabric.membership.records import Heartbeat
+from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
+from swarm.fabric.weights.announcements import newest_authorised
 
 RUN = "registry-test"
 

@@ -7,7 +7,7 @@ import time
 import msgpack
 import pytest
 
-from swarm.fabric.wire import InvalidRollout, decode_group, encode_group
+from swarm.fabric.rollouts.wire import InvalidRollout, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
 
 
@@ -127,7 +127,7 @@ def test_backpressure_bounds_the_learners_memory(make_fabric):
 
 
 def test_a_peer_sending_garbage_is_banned_then_ignored(make_fabric):
-    from swarm.fabric.bans import PeerBans
+    from swarm.fabric.rollouts.bans import PeerBans
 
     learner, sampler, honest = make_fabric(), make_fabric(), make_fabric()
     inbox = learner.rollout_inbox(vocab_size=VOCAB, bans=PeerBans(strikes=3, window_s=60, ban_s=60))
@@ -153,7 +153,7 @@ def test_streams_past_a_peers_limit_are_refused_and_idle_ones_cut(make_fabric):
 
     from hivemind.p2p import P2P
 
-    from swarm.fabric.rollout_exchange import StreamLimits
+    from swarm.fabric.rollouts.inbox import StreamLimits
 
     learner, hog, honest = make_fabric(), make_fabric(), make_fabric()
     inbox = learner.rollout_inbox(vocab_size=VOCAB, streams=StreamLimits(per_peer=2, idle_s=1.5))
@@ -202,8 +202,8 @@ def test_a_stream_refused_whole_tells_the_sender_why_for_every_frame(make_fabric
     oversized one, which it cannot skip) answers every frame with the reason, and the learner
     lingers for the sender to read it: the sampler learns why, not that the learner was
     unreachable, and what was accepted before the refusal stays accepted."""
-    from swarm.fabric.rollout_exchange import StreamLimits
-    from swarm.fabric.wire import WireLimits
+    from swarm.fabric.rollouts.inbox import StreamLimits
+    from swarm.fabric.rollouts.wire import WireLimits
 
     learner, hog = make_fabric(), make_fabric()
     inbox = learner.rollout_inbox(vocab_size=VOCAB, streams=StreamLimits(per_peer=1, idle_s=20),

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from benchmarks.waiting import wait_until
-from swarm.fabric.records import REFUSALS, Heartbeat, MemberRecord, Refusals, refusal_category
+from swarm.fabric.membership.records import REFUSALS, Heartbeat, MemberRecord, Refusals, refusal_category
 from swarm.health import (LATE_HEARTBEATS, PICKUP_S, REFUSED_IN_A_ROW, STALL_FACTOR, STALL_MIN_S, status_flags,
                           swarm_args)
 

@@ -8,8 +8,9 @@ import time
 import msgpack
 
 from swarm.fabric.local import LocalFabrics
-from swarm.fabric.loop import StreamClient, close_after_requester
-from swarm.fabric.versions import VersionStore, handler_name
+from swarm.fabric.hivemind.loop import StreamClient, close_after_requester
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.hivemind.weights import handler_name
 
 RUN = "stream-close-test"
 

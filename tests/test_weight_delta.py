@@ -4,7 +4,7 @@ snapshots for late joiners, and corrupt or misapplied payloads are detected."""
 import pytest
 import torch
 
-from swarm.fabric.weight_delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
+from swarm.fabric.weights.delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
 
 
 def published(model) -> dict:
@@ -92,8 +92,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.fabric import value_classes, varints
-from swarm.fabric import weight_delta as wd
+from swarm.fabric.weights import value_classes, varints
+from swarm.fabric.weights import delta as wd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
 WIDTH = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16, torch.int64: 64, torch.int32: 32, torch.uint8: 8,
@@ -128,7 +128,7 @@ def round_trip(base: dict, new: dict) -> bytes:
 
 def signed_steps(payload: bytes) -> list[int]:
     """The steps a payload carries, in its order, as signed integers."""
-    z = wd.varint_decode(body_of(payload).get("steps", b""), max_count=10**9)
+    z = varints.varint_decode(body_of(payload).get("steps", b""), max_count=10**9)
     return [(int(v) >> 1) ^ -(int(v) & 1) for v in z]
 
 
@@ -146,12 +146,12 @@ def test_ordered_bits_sort_like_the_floats_they_are(dtype):
         values = torch.from_numpy(patterns.copy()).view(dtype).float().numpy().astype(np.float64)
     keep = ~np.isnan(values)
     patterns, values = patterns[keep], values[keep]
-    signed = wd.ordered(patterns, True).view(wd._INT[width // 8]).astype(np.int64)
+    signed = value_classes.ordered(patterns, True).view(wd._INT[width // 8]).astype(np.int64)
     by_value = np.lexsort((np.signbit(values) == 0, values))  # -0.0 before +0.0
     assert np.all(np.diff(signed[by_value]) > 0)
     if width == 16:
         assert np.all(np.diff(signed[by_value]) == 1)  # NaNs excluded, neighbours are one step apart
-    assert np.array_equal(wd.ordered(wd.ordered(patterns, True), True), patterns)  # an involution
+    assert np.array_equal(value_classes.ordered(value_classes.ordered(patterns, True), True), patterns)  # an involution
 
 
 @pytest.mark.parametrize("dtype,moves", [
@@ -269,7 +269,7 @@ def test_one_ulp_updates_cost_a_few_bits_per_changed_element():
     exponent = (old >> 7) & 0xFF
     positions = sum(wd.log2_binomial(int((exponent == e).sum()), int((changed & (exponent == e)).sum()))
                     for e in np.unique(exponent))
-    steps = wd.ordered(fresh[changed], True).view(np.int16).astype(int) - wd.ordered(old[changed], True).view(np.int16)
+    steps = value_classes.ordered(fresh[changed], True).view(np.int16).astype(int) - value_classes.ordered(old[changed], True).view(np.int16)
     bound = positions + k * wd.entropy_bits(steps)
     bits_per_change = len(payload) * 8 / k
     assert bits_per_change < 10
@@ -278,16 +278,16 @@ def test_one_ulp_updates_cost_a_few_bits_per_changed_element():
 
 def test_varints_round_trip_and_refuse_malformed_input():
     values = np.array([0, 1, 127, 128, 300, 2**14, 2**21 - 1, 2**32, 2**63, 2**64 - 1], np.uint64)
-    data = wd.varint_encode(values)
-    assert np.array_equal(wd.varint_decode(data, max_count=10), values)
-    assert wd.varint_encode(np.array([5, 127], np.uint64)) == b"\x05\x7f"
-    assert wd.varint_decode(b"", max_count=0).size == 0
+    data = varints.varint_encode(values)
+    assert np.array_equal(varints.varint_decode(data, max_count=10), values)
+    assert varints.varint_encode(np.array([5, 127], np.uint64)) == b"\x05\x7f"
+    assert varints.varint_decode(b"", max_count=0).size == 0
     for bad, kwargs in [(data[:-1], {}), (data, {"max_count": 9}), (b"\x80\x80\x04", {"width_bits": 16}),
                         (b"\xff" * 10 + b"\x01", {}), (b"\xff" * 9 + b"\x02", {}), (b"\x80\x02", {"width_bits": 8})]:
         with pytest.raises(ValueError):
-            wd.varint_decode(bad, **{"max_count": 100, **kwargs})
+            varints.varint_decode(bad, **{"max_count": 100, **kwargs})
     with pytest.raises(TypeError):
-        wd.varint_decode("text", max_count=4)
+        varints.varint_decode("text", max_count=4)
 
 
 def test_the_decompressed_size_limit_still_holds():
@@ -443,7 +443,7 @@ def reference_delta(base: dict, new: dict, *, base_version: int, version: int) -
             cls = local[index]
             rank = sorted_pos - (np.cumsum(members) - members)[cls]
             is_float = dtype in wd.FLOATS
-            steps = wd.zigzag(wd.ordered(fresh[index], is_float) - wd.ordered(old[index], is_float))
+            steps = varints.zigzag(value_classes.ordered(fresh[index], is_float) - value_classes.ordered(old[index], is_float))
             size += len(_reference_varints(np.diff(sorted_pos, prepend=-1) - 1)) + len(_reference_varints(steps))
             mine.append((first, members, cls + first, rank, steps))
         if size < new_bits.nbytes:
@@ -532,13 +532,13 @@ def test_varints_decode_alike_in_runs_on_a_pool_and_narrow(monkeypatch):
 
     rng = np.random.default_rng(4)
     values = np.concatenate([rng.integers(0, 2**7, 300), rng.integers(0, 2**16, 300), rng.integers(0, 2**63, 50, dtype=np.uint64)])
-    data = wd.varint_encode(values.astype(np.uint64))
+    data = varints.varint_encode(values.astype(np.uint64))
     monkeypatch.setattr(varints, "_DECODE_BYTES", 17)  # many runs, some ending inside a varint (cut back to its start)
     with ThreadPoolExecutor(3) as pool:
-        assert np.array_equal(wd.varint_decode(data, max_count=650, pool=pool), values.astype(np.uint64))
-        small = wd.varint_encode(values[:600].astype(np.uint64))
-        assert np.array_equal(wd.varint_decode(small, max_count=600, dtype=np.uint16, pool=pool), values[:600])
+        assert np.array_equal(varints.varint_decode(data, max_count=650, pool=pool), values.astype(np.uint64))
+        small = varints.varint_encode(values[:600].astype(np.uint64))
+        assert np.array_equal(varints.varint_decode(small, max_count=600, dtype=np.uint16, pool=pool), values[:600])
         with pytest.raises(ValueError, match="wider than 16 bits"):
-            wd.varint_decode(data, max_count=650, dtype=np.uint16, pool=pool)
+            varints.varint_decode(data, max_count=650, dtype=np.uint16, pool=pool)
         with pytest.raises(ValueError):  # a varint longer than a run, and longer than any number
-            wd.varint_decode(b"\x80" * 40 + b"\x01", max_count=5, pool=pool)
+            varints.varint_decode(b"\x80" * 40 + b"\x01", max_count=5, pool=pool)

@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from swarm.fabric.follower import fetch_from_holders
-from swarm.fabric.versions import VersionStore
-from swarm.fabric.weight_delta import CorruptVersion, encode_snapshot, state_hash
+from swarm.fabric.weights.follower import fetch_from_holders
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.weights.delta import CorruptVersion, encode_snapshot, state_hash
 
 
 
@@ -65,18 +65,18 @@ def sync(receiver, learner_keys, learner, others, rng):
 
 def forge_announcement(volunteer, learner_key: bytes, version: int) -> bool:
     """The volunteer tries to announce under the learner's key (it cannot sign for it)."""
-    from swarm.fabric.records import RunSampling, VersionAnnouncement
+    from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
 
     value = VersionAnnouncement.of(volunteer.fabric.run_id, version, "0" * 64, volunteer.fabric.peer_id, 0.0, RunSampling()).dict()
     if volunteer.fabric.transport == "grpc":
-        from swarm.fabric.grpc_common import pack
+        from swarm.fabric.grpc.common import pack
 
         payload = pack(value)
         return volunteer.fabric._call("Announce", {"run_id": volunteer.fabric.run_id, "owner": learner_key, "payload": payload,
                                                    "signature": volunteer.fabric.signing_key.sign(payload)})["ok"]
     from hivemind.utils import get_dht_time
 
-    from swarm.fabric.records import versions_key
+    from swarm.fabric.weights.announcements import versions_key
 
     return bool(volunteer.fabric.dht.store(versions_key(volunteer.fabric.run_id), subkey=learner_key, value=value,
                                            expiration_time=get_dht_time() + 60))
@@ -194,15 +194,15 @@ def serve_bogus_weights(holder, size: int):
     """Make `holder` answer every weight request with a header promising one payload of `size`
     bytes, and nothing after it."""
     if holder.fabric.transport == "grpc":
-        from swarm.fabric.grpc_common import pack
+        from swarm.fabric.grpc.common import pack
 
         holder.fabric.server.weight_handler = lambda request, who="", peer="": iter([pack({"ok": True, "sizes": [size]})])
         return None
     import msgpack
     from hivemind.p2p import P2P
 
-    from swarm.fabric.loop import HostedStreamHandler
-    from swarm.fabric.versions import handler_name
+    from swarm.fabric.hivemind.loop import HostedStreamHandler
+    from swarm.fabric.hivemind.weights import handler_name
 
     async def bogus(stream_info, reader, writer):
         await P2P.receive_raw_data(reader)
@@ -215,7 +215,8 @@ def serve_bogus_weights(holder, size: int):
 
 
 def test_a_holder_promising_an_oversized_payload_is_refused_unread_and_skipped(peers):
-    from swarm.fabric.versions import MAX_PAYLOAD_BYTES, OversizedPayload
+    from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES
+    from swarm.fabric.weights.versions import OversizedPayload
 
     learner, liar, receiver = peers(), peers(), peers()
     state = next(publish_stream(0))

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from swarm.fabric.chunks import ChunkFeed
-from swarm.fabric.follower import VersionFollower, fetch_from_holders
-from swarm.fabric.identity import decode_learner_key, encode_learner_key
-from swarm.fabric.pulse import Pulse
-from swarm.fabric.records import Heartbeat
+from swarm.fabric.weights.chunks import ChunkFeed
+from swarm.fabric.weights.follower import VersionFollower, fetch_from_holders
+from swarm.config.learner_keys import decode_learner_key, encode_learner_key
+from swarm.fabric.membership.pulse import Pulse
+from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.transports import join
-from swarm.fabric.versions import VersionStore
+from swarm.fabric.weights.versions import VersionStore
 from swarm.runlog import write_json_atomic
 from swarm.signals import install_stop_signals
 from swarm.staleness import SecondsDelay

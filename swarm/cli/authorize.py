@@ -25,8 +25,9 @@ from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
               help="write the certificate to this file (mode 0600) instead of printing it")
 def authorize_command(owner_key_file, learner_key, run_id, out):
     """Certify a learner's key for a run: prints the certificate it passes as `--certificate`."""
-    from swarm.fabric.authority import issue
-    from swarm.fabric.identity import decode_learner_key, load_existing_signing_key
+    from swarm.fabric.membership.authority import issue
+    from swarm.config.learner_keys import decode_learner_key
+    from swarm.fabric.membership.identity import load_existing_signing_key
 
     with user_errors():
         owner = load_existing_signing_key(owner_key_file)
@@ -49,8 +50,9 @@ def authorize_command(owner_key_file, learner_key, run_id, out):
 def learner_key_command(identity_dir, new_owner):
     """Print the key a learner started from this machine's identity directory runs with (the run
     owner certifies it with `swarm authorize`)."""
-    from swarm.fabric.authority import subkey_of
-    from swarm.fabric.identity import encode_learner_key, identity_dir_or_default, load_or_create_signing_key
+    from swarm.fabric.signing import owner_key
+    from swarm.config.learner_keys import encode_learner_key
+    from swarm.fabric.membership.identity import identity_dir_or_default, load_or_create_signing_key
 
     with user_errors():
         if new_owner is not None:
@@ -60,4 +62,4 @@ def learner_key_command(identity_dir, new_owner):
         else:
             path = identity_dir_or_default(identity_dir) / "learner.sign.key"
         key = load_or_create_signing_key(path)
-    click.echo(encode_learner_key(subkey_of(key)))
+    click.echo(encode_learner_key(owner_key(key)))

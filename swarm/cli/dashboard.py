@@ -39,7 +39,7 @@ def dashboard_command(peers, run_id, transport, learner_keys, run_dirs, host, po
     """Serve a live web page of the swarm: peers, the learner's curves, each sampler's lag over time,
     and how fast each version reached each sampler. Read-only; Ctrl-C stops it."""
     from swarm.dashboard import LiveDashboard
-    from swarm.fabric.identity import decode_learner_key
+    from swarm.config.learner_keys import decode_learner_key
     from swarm.signals import install_stop_signals
 
     with user_errors(ValueError):  # a bad --learner-key is a usage error

@@ -123,7 +123,7 @@ class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings,
 
     @model_validator(mode="after")
     def _need_keys(self):
-        from swarm.fabric.identity import decode_learner_key
+        from swarm.config.learner_keys import decode_learner_key
 
         keys = list(self.learner_keys)
         if self.learner_key_file is not None:

@@ -47,7 +47,7 @@ class Reading:
 
 
 def announcement_fields(announced) -> dict | None:
-    """The page's view of a `swarm.fabric.announcements.Announced` (None: nothing announced)."""
+    """The page's view of a `swarm.fabric.weights.announcements.Announced` (None: nothing announced)."""
     if announced is None:
         return None
     sampling = announced.sampling

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from swarm.fabric.chunks import ChunkSpec
-from swarm.fabric.records import Heartbeat, Member, RunSampling
-from swarm.fabric.announcements import Announced
-from swarm.fabric.versions import FetchResult, VersionStore
+from swarm.fabric.weights.chunks import ChunkSpec
+from swarm.fabric.membership.records import Heartbeat, Member
+from swarm.fabric.weights.announcements import RunSampling
+from swarm.fabric.weights.announcements import Announced
+from swarm.fabric.weights.versions import FetchResult, VersionStore
 from swarm.rollouts import RolloutGroup
 
 

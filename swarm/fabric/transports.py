@@ -16,6 +16,7 @@ from typing import Sequence
 
 from swarm.config import SwarmSettings, check_bootstrap_peers, check_peers, default_of
 from swarm.fabric.interface import BootstrapNode, Fabric
+from swarm.fabric.membership.identity import claim_identity_slot, identity_dir_or_default, load_or_create_signing_key
 
 
 def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identity_dir: Path | None = None,
@@ -33,7 +34,6 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     """
     from hivemind.utils.crypto import RSAPrivateKey
 
-    from swarm.fabric.identity import claim_identity_slot, load_or_create_signing_key
 
     check_peers(transport, peers)
     p2p_key = key_path = None
@@ -47,14 +47,14 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
         signing_key = load_or_create_signing_key(key_path)
         p2p_key = identity_dir / f"{stem}.p2p.key"
     if transport == "grpc":
-        from swarm.fabric.grpc_peer import GrpcFabric
+        from swarm.fabric.grpc.fabric import GrpcFabric
 
         fabric = GrpcFabric(peers[0], run_id, signing_key, host=host, port=port, heartbeat_s=heartbeat_s,
                             announce_addr=announce_addr, upload_slots=upload_slots)
         fabric.signing_key_path = key_path  # the run owner's key file, for `swarm authorize`
         return fabric
-    from swarm.fabric.dht import announce_multiaddrs, listen_maddrs, start_dht
-    from swarm.fabric.hivemind_transport import HivemindFabric
+    from swarm.fabric.hivemind.dht import announce_multiaddrs, listen_maddrs, start_dht
+    from swarm.fabric.hivemind.fabric import HivemindFabric
 
     port, announced = announce_multiaddrs(announce_addr, port)
     dht, validator = start_dht(run_id, initial_peers=list(peers), host_maddrs=listen_maddrs(host, port),
@@ -68,7 +68,6 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
 
 def join_with(settings: SwarmSettings, role: str) -> Fabric:
     """`join` with a role config's swarm settings (every peer joins the same way)."""
-    from swarm.fabric.identity import identity_dir_or_default
 
     return join(settings.transport, run_id=settings.run_id, peers=settings.peers, role=role,
                 identity_dir=identity_dir_or_default(settings.identity_dir), host=settings.host, port=settings.port,
@@ -84,11 +83,11 @@ def observe(transport: str, *, run_id: str, peers: Sequence[str]) -> Fabric:
     if transport == "grpc":
         from hivemind.utils.crypto import RSAPrivateKey
 
-        from swarm.fabric.grpc_peer import GrpcFabric
+        from swarm.fabric.grpc.fabric import GrpcFabric
 
         return GrpcFabric(peers[0], run_id, RSAPrivateKey(), serve=False, heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
-    from swarm.fabric.dht import start_dht
-    from swarm.fabric.hivemind_transport import HivemindFabric
+    from swarm.fabric.hivemind.dht import start_dht
+    from swarm.fabric.hivemind.fabric import HivemindFabric
 
     # a client-mode node: an observer that comes and goes should not enter others' routing tables
     return HivemindFabric(*start_dht(run_id, initial_peers=list(peers), client_mode=True), run_id,
@@ -100,10 +99,10 @@ def start_bootstrap(transport: str, *, run_id: str, host: str, port: int, identi
     """The node peers join through: a DHT node (hivemind) or the registry (grpc)."""
     check_bootstrap_peers(transport, initial_peers)
     if transport == "grpc":
-        from swarm.fabric.grpc_registry import GrpcBootstrap
+        from swarm.fabric.grpc.registry import GrpcBootstrap
 
         return GrpcBootstrap(run_id, host=host, port=port, announce_addr=announce_addr)
-    from swarm.fabric.hivemind_transport import HivemindBootstrap
+    from swarm.fabric.hivemind.fabric import HivemindBootstrap
 
     return HivemindBootstrap(run_id, host=host, port=port, identity_path=identity_path, initial_peers=initial_peers,
                              announce_addr=announce_addr)

@@ -1,0 +1,349 @@
+"""The registry of a gRPC swarm (`swarm bootstrap --transport grpc`): membership records and
+version announcements per run, in memory, with expiry; see grpc_common.py for the transport.
+
+Every call is signed by its sender's key (grpc_common.Authenticator) and every record belongs to
+the key that signed it: a peer has one membership record and one announcement per run, which only
+its key can replace, so nobody can hold or overwrite another peer's record, and two peers that
+claim the same address are still two records. What one remote IP and one run may hold is bounded
+(`max_per_ip`, `max_per_run`, `max_runs`: a refusal names the limit), expiries are finite and
+bounded, and a Members reply comes in pages that stay under the message limit.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from swarm.fabric.grpc.common import (
+    REGISTRY_REQUEST_LIMIT,
+    REQUEST_WAIT_S,
+    SERVICE,
+    Authenticator,
+    Caller,
+    Watchdog,
+    authenticate,
+    bind,
+    first_request,
+    new_server,
+    pack,
+    unpack,
+)
+from swarm.fabric.signing import verify_owner_signature
+from swarm.fabric.membership.addresses import announced_address, host_port, interface_addresses, is_wildcard
+from swarm.fabric.membership.records import Member, MemberRecord
+from swarm.fabric.weights.announcements import VersionAnnouncement
+
+
+MAX_OWNERS_ASKED = 16  # learner keys one Versions request may name
+PAGE_SIZE = 256  # entries per Members or Versions reply: 256 of the largest records stay well under 1 MiB
+MAX_MEMBER_PAGES = 64  # pages a peer follows (64 x 256 > max_per_run's default)
+
+
+@dataclass
+class _Entry:
+    value: dict
+    expires_at: float
+    ip: str
+    owner: bytes = b""
+    signature: bytes = b""
+    payload: bytes = b""
+
+
+@dataclass
+class _Table:
+    """One run's records of one kind, keyed by their owner, and how many each remote IP holds."""
+
+    entries: dict = field(default_factory=dict)
+    per_ip: Counter = field(default_factory=Counter)
+
+    def put(self, key, entry: _Entry) -> None:
+        self.drop(key)
+        self.entries[key] = entry
+        self.per_ip[entry.ip] += 1
+
+    def drop(self, key) -> None:
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.per_ip[old.ip] -= 1
+            if self.per_ip[old.ip] <= 0:
+                del self.per_ip[old.ip]
+
+    def prune(self, now: float) -> None:
+        for key in [k for k, e in self.entries.items() if e.expires_at <= now]:
+            self.drop(key)
+
+    def live(self, now: float) -> dict:
+        return {k: e for k, e in self.entries.items() if e.expires_at > now}
+
+
+class Registry:
+    """Membership records and version announcements per run, in memory, with expiry and quotas.
+
+    max_per_ip: live records (of one kind, in one run) from one remote IP. A NAT puts a whole site
+    behind one IP, hence the generous default; raise it for larger sites.
+    max_per_run: live records of one kind in one run. max_runs: runs with live records.
+    page_size: entries per Members (or unfiltered Versions) reply, at most PAGE_SIZE.
+    """
+
+    def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000,
+                 max_runs: int = 16, page_size: int = PAGE_SIZE, clock=time.time) -> None:
+        self.max_expiry_s, self.clock, self.page_size = max_expiry_s, clock, min(page_size, PAGE_SIZE)
+        self.max_per_ip, self.max_per_run, self.max_runs = max_per_ip, max_per_run, max_runs
+        self.members: dict[str, _Table] = {}  # run -> records by key id
+        self.versions: dict[str, _Table] = {}  # run -> announcements by owner key
+        self.lock = threading.Lock()
+
+    def _expiry(self, value) -> float:
+        """Seconds a record lives: finite and positive (a NaN expiry would never pass), at most max_expiry_s."""
+        try:
+            expiry = float(value)
+        except (TypeError, ValueError):
+            expiry = math.nan
+        if not math.isfinite(expiry) or expiry <= 0:
+            raise ValueError(f"expiry {value!r} must be a finite number of seconds > 0")
+        return min(expiry, self.max_expiry_s)
+
+    def _refusal(self, tables: dict[str, _Table], run_id: str, key, ip: str) -> str | None:
+        """Why a new record of `key` from `ip` in `run_id` would pass a quota (None: it would not).
+        Expired records are dropped first, so they never count. Called with the lock held."""
+        now = self.clock()
+        table = tables.get(run_id)
+        if table is None:
+            _drop_ended_runs(tables, now)
+            if len(tables) >= self.max_runs:
+                return f"the registry holds records of {self.max_runs} runs (max_runs); try again when one ends"
+            return None
+        table.prune(now)
+        held = table.entries.get(key)
+        if held is not None and held.ip == ip:
+            return None  # a peer replacing its own record takes no more room
+        if held is None and len(table.entries) >= self.max_per_run:
+            return f"run {run_id!r} holds {self.max_per_run} records (max_per_run)"
+        if table.per_ip[ip] >= self.max_per_ip:
+            return f"{ip} holds {self.max_per_ip} records in run {run_id!r} (max_per_ip; a NAT shares one IP: the registry can allow more)"
+        return None
+
+    def heartbeat(self, request: dict, caller: Caller | None = None) -> dict:
+        """Store the caller's membership record; the record names the caller's own peer id."""
+
+        if caller is None:
+            return {"ok": False, "reason": "an unsigned heartbeat: a record belongs to the key that signs it"}
+        try:
+            run_id = str(request["run_id"])
+            record = MemberRecord.parse_obj(request["record"])
+            expiry = self._expiry(request["expiry_s"])
+        except Exception as exc:  # noqa: BLE001  anything malformed is refused with the reason
+            return {"ok": False, "reason": f"malformed record: {exc}"}
+        if record.peer_id != caller.peer:
+            return {"ok": False, "reason": f"a record must carry its own peer's id: {record.peer_id!r} is not "
+                                           f"{caller.peer!r}, the id the request is signed as"}
+        with self.lock:
+            refused = self._refusal(self.members, run_id, caller.key, caller.ip)
+            if refused:
+                return {"ok": False, "reason": refused}
+            self.members.setdefault(run_id, _Table()).put(
+                caller.key, _Entry(record.dict(), self.clock() + expiry, caller.ip, owner=caller.owner))
+        return {"ok": True}
+
+    def list_members(self, request: dict, caller: Caller | None = None) -> dict:
+        """One page of the run's records, ordered by key id: those after `after` (the `next` of the
+        previous page), at most `limit` (and page_size). `next` is None on the last page."""
+        if not isinstance(request, dict):
+            return {"members": [], "next": None}
+        after, limit = request.get("after"), request.get("limit")
+        limit = max(1, min(self.page_size, limit if isinstance(limit, int) else self.page_size))
+        with self.lock:
+            table = self.members.get(str(request.get("run_id")))
+            live = table.live(self.clock()) if table else {}
+        keys = sorted(k for k in live if not isinstance(after, str) or k > after)
+        page = keys[:limit]
+        return {"members": [{"owner": live[k].owner, "record": live[k].value, "expires_at": live[k].expires_at} for k in page],
+                "next": page[-1] if len(keys) > limit else None}
+
+    def announce(self, request: dict, caller: Caller | None = None) -> dict:
+        """Store a learner's signed announcement, posted by that learner (a caller of None: a call
+        from this process, posted by the announcement's own key)."""
+
+        try:
+            run_id = str(request["run_id"])
+            owner, payload, signature = (_bytes(request, name) for name in ("owner", "payload", "signature"))
+            announcement = VersionAnnouncement.parse_obj(unpack(payload))
+            expiry = self._expiry(request.get("expiry_s", 60.0))
+        except Exception as exc:  # noqa: BLE001
+            return {"ok": False, "reason": f"malformed announcement: {exc}"}
+        if announcement.run_id != run_id:
+            return {"ok": False, "reason": f"the announcement is for run {announcement.run_id!r}, not {run_id!r}"}
+        if not verify_owner_signature(owner, payload, signature):
+            return {"ok": False, "reason": "the announcement is not signed by the key it names"}
+        if caller is not None and owner != caller.owner:  # nobody re-posts a learner's announcement (after it expired, say)
+            return {"ok": False, "reason": "an announcement is posted by the key that signed it"}
+        ip = caller.ip if caller is not None else "local"
+        with self.lock:
+            refused = self._refusal(self.versions, run_id, owner, ip)
+            if refused:
+                return {"ok": False, "reason": refused}
+            table = self.versions.setdefault(run_id, _Table())
+            held = table.entries.get(owner)
+            if held is not None and held.value["version"] > announcement.version:
+                return {"ok": False, "reason": f"version {announcement.version} is older than announced {held.value['version']}"}
+            table.put(owner, _Entry(announcement.dict(), self.clock() + expiry, ip, owner=owner, signature=signature,
+                                    payload=payload))
+        return {"ok": True}
+
+    def list_versions(self, request: dict, caller: Caller | None = None) -> dict:
+        """The run's announcements; only those of `owners` when the request names them (a sampler
+        names its learner keys, so announcements under other keys cannot swell its reply), else
+        the first page_size."""
+        if not isinstance(request, dict):
+            return {"versions": []}
+        owners = request.get("owners")
+        wanted = {bytes(o) for o in owners[:MAX_OWNERS_ASKED] if isinstance(o, bytes)} if isinstance(owners, list) else None
+        with self.lock:
+            table = self.versions.get(str(request.get("run_id")))
+            live = table.live(self.clock()) if table else {}
+        found = [{"owner": k, "payload": e.payload, "signature": e.signature} for k, e in live.items()
+                 if wanted is None or k in wanted]
+        return {"versions": found[:self.page_size]}
+
+    def observe(self, request: dict, caller: Caller | None = None) -> dict:
+        """The address the caller's call came from, as this registry's socket saw it: what a peer
+        listening on every interface tells others to dial (behind a NAT: the NAT's public address)."""
+        if caller is None:
+            return {"ok": False, "reason": "an unsigned request"}
+        return {"ok": True, "ip": caller.ip}
+
+    def all_members(self, run_id: str) -> list[dict]:
+        """Every page of the run's records (the registry's own view: no message limit applies)."""
+        listed, after = [], None
+        while True:
+            page = self.list_members({"run_id": run_id, "after": after})
+            listed += page["members"]
+            after = page["next"]
+            if after is None:
+                return listed
+
+    def counts(self, run_id: str) -> dict:
+        records = [m["record"] for m in self.all_members(run_id)]
+        return {r: sum(m["role"] == r for m in records) for r in ("learner", "sampler")}
+
+
+def _drop_ended_runs(tables: dict[str, _Table], now: float) -> None:
+    """Forget the runs whose records have all expired (so they count no more against max_runs)."""
+    for run, table in list(tables.items()):
+        table.prune(now)
+        if not table.entries:
+            del tables[run]
+
+
+def _bytes(request: dict, name: str) -> bytes:
+    """A bytes field of a request; anything else is refused, never converted (bytes(2**34) would
+    allocate 16 GiB on the word of a 9-byte request)."""
+    value = request[name]
+    if not isinstance(value, bytes):
+        raise ValueError(f"{name} must be bytes, not {type(value).__name__}")
+    return value
+
+
+class _RegistryService:
+    """The registry's gRPC methods: each reads its one request (the watchdog cuts a caller that
+    never sends it), checks its signature, and only then parses it."""
+
+    METHODS = ("Heartbeat", "Members", "Announce", "Versions", "Observe")
+
+    def __init__(self, registry: Registry, authenticator: Authenticator, request_wait_s: float) -> None:
+        self.registry, self.authenticator, self.request_wait_s, self.watchdog = registry, authenticator, request_wait_s, Watchdog()
+        self.calls = {"Heartbeat": registry.heartbeat, "Members": registry.list_members,
+                      "Announce": registry.announce, "Versions": registry.list_versions, "Observe": registry.observe}
+
+    def handler(self, method: str):
+        def handle(requests, context) -> dict:
+            import grpc
+
+            watch = self.watchdog.watch(context)
+            try:
+                body = first_request(requests, watch, REGISTRY_REQUEST_LIMIT, self.request_wait_s)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            finally:
+                watch.close()
+            caller = authenticate(self.authenticator, context, f"/{SERVICE}.Registry/{method}", body)
+            try:
+                request = unpack(body)
+            except Exception as exc:  # noqa: BLE001  msgpack raises several types on garbage
+                return {"ok": False, "reason": f"unreadable request: {type(exc).__name__}"}
+            if not isinstance(request, dict) or request.get("run_id") != caller.run_id:
+                return {"ok": False, "reason": f"a request is a map naming the run it is signed for ({caller.run_id!r})"}
+            return self.calls[method](request, caller)
+
+        return handle
+
+
+def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0, *,
+                   authenticator: Authenticator | None = None, request_wait_s: float = REQUEST_WAIT_S):
+    """(started gRPC server, bound port). Stop it with `stop_registry`. request_wait_s: how long a
+    call may keep a server thread waiting for its request."""
+    import grpc
+
+    service = _RegistryService(registry, authenticator or Authenticator(), request_wait_s)
+    handlers = {name: grpc.stream_unary_rpc_method_handler(service.handler(name), request_deserializer=None,
+                                                          response_serializer=pack)
+                for name in service.METHODS}
+    server = new_server(limit=REGISTRY_REQUEST_LIMIT)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Registry", handlers)])
+    server.watchdog = service.watchdog
+    bound = bind(server, host, port)
+    server.start()
+    return server, bound
+
+
+def stop_registry(server) -> None:
+    server.stop(grace=1.0).wait(5)
+    server.watchdog.close()
+
+
+def members_from(listed: list[dict]) -> list:
+    """Members of a registry's listing (its own, or Members replies), sorted by role and peer id;
+    each one's owner is the key that signed its record. An entry that does not parse is skipped."""
+
+    found = []
+    for item in listed:
+        try:
+            record = MemberRecord.parse_obj(item["record"])
+            found.append(Member(record=record, expires_at=float(item["expires_at"]), owner=_bytes(item, "owner")))
+        except Exception:  # noqa: BLE001  a malformed entry from a registry is not ours to crash on
+            continue
+    return sorted(found, key=lambda m: (m.record.role, m.record.peer_id))
+
+
+class GrpcBootstrap:
+    """A bootstrap node of a gRPC swarm: the registry, served on `host:port`."""
+
+    transport = "grpc"
+
+    def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
+
+        self.run_id, self.host = run_id, host
+        self.registry = Registry()
+        self._server, self.port = serve_registry(self.registry, host, port)
+        self.announced = announced_address(announce_addr, self.port) if announce_addr else None
+
+    @property
+    def peer_id(self) -> str:
+        return self.addresses()[0]
+
+    def addresses(self) -> list[str]:
+        """HOST:PORT for --peers, the best for others first: the announced address, else (listening
+        on every interface) this machine's addresses, public, private, then loopback."""
+
+        hosts = interface_addresses() if is_wildcard(self.host) else [self.host]
+        found = [host_port(h, self.port) for h in hosts]
+        return list(dict.fromkeys(([self.announced] if self.announced else []) + found))
+
+    def members(self):
+        return members_from(self.registry.all_members(self.run_id))
+
+    def shutdown(self) -> None:
+        stop_registry(self._server)

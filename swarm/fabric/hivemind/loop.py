@@ -1,0 +1,143 @@
+"""A private asyncio event loop in a daemon thread, so synchronous peer code can call the
+hivemind P2P API (which is asyncio-only) with a timeout on every call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Awaitable, TypeVar
+
+
+T = TypeVar("T")
+
+
+class BackgroundLoop:
+    def __init__(self, name: str = "swarm-io") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+    def stop(self) -> None:
+        """Cancel what is still running (open streams close through their own `finally`), then stop."""
+        if not self.loop.is_running():
+            return
+
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
+        except Exception:  # noqa: BLE001  a task that will not die must not block shutdown
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+async def replicate_p2p(daemon_maddr):
+    from hivemind.p2p import P2P
+
+    return await P2P.replicate(daemon_maddr)
+
+
+def attach_p2p(dht, io: BackgroundLoop, timeout: float = 30.0):
+    """A P2P client of `dht`'s daemon, bound to `io`'s loop. (DHT.replicate_p2p caches one replica
+    per DHT, bound to whichever loop asked first; every component here has its own loop.)"""
+    from hivemind.dht import DHT
+
+    maddr = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
+    return io.run(replicate_p2p(maddr), timeout=timeout)
+
+
+def detach_p2p(p2p, io: BackgroundLoop) -> None:
+    """Close the client (the daemon belongs to the DHT and keeps running), then stop the loop."""
+    try:
+        io.run(p2p.shutdown(), timeout=10)
+    except Exception:  # noqa: BLE001  the daemon may already be gone
+        pass
+    io.stop()
+
+
+async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float) -> None:
+    """Close a served stream once the requester has closed its end, or after `timeout` (a requester
+    that never closes costs one idle coroutine this long).
+
+    The p2p daemon turns a handler's close into a reset of the whole stream as soon as its read
+    side ends (go-libp2p-daemon's doStreamPipe: `s.Close()` when the handler's socket ends, then
+    the read still pending on `s` fails and calls `s.Reset()`), and a reset throws away whatever
+    the requester's daemon still holds unread: the tail of a payload went missing that way (about
+    1 MiB of a 9 MiB snapshot read in one piece). Every requester here closes as soon as it has
+    read all it wants, so waiting for that EOF first loses nothing and costs only the wait. (Only
+    for handlers whose requester closes once answered: a rollout sender stops at a `final` refusal.)"""
+    task = asyncio.current_task()
+    try:
+        if task is None or not task.cancelling():  # the server is closing: no waiting then
+            await asyncio.wait_for(_read_to_eof(reader), timeout)
+    except (asyncio.TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _read_to_eof(reader: asyncio.StreamReader) -> None:
+    while await reader.read(64 * 1024):  # what a requester still sends is not wanted any more
+        pass
+
+
+class HostedStreamHandler:
+    """A named binary stream handler on `dht`'s p2p daemon, served from its own loop thread."""
+
+    def __init__(self, dht, name: str, handler, *, thread_name: str) -> None:
+        self.name = name
+        self.io = BackgroundLoop(thread_name)
+        self.p2p = attach_p2p(dht, self.io)
+        self.io.run(self.p2p.add_binary_stream_handler(name, handler), timeout=30)
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.io.run(self.p2p.remove_binary_stream_handler(self.name), timeout=10)
+        except Exception:  # noqa: BLE001  the daemon may already be gone
+            pass
+        detach_p2p(self.p2p, self.io)
+
+
+class StreamClient:
+    """Opens streams to a named handler on other peers, from its own loop thread."""
+
+    def __init__(self, dht, name: str, *, thread_name: str) -> None:
+        self.name = name
+        self.io = BackgroundLoop(thread_name)
+        self.p2p = attach_p2p(dht, self.io)
+        self.closed = False
+
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        return self.io.run(coro, timeout)
+
+    async def open(self, peer_id):
+        """(reader, writer) of a new stream to `peer_id` (a PeerID or its base58 string)."""
+        from hivemind.p2p import PeerID
+
+        if isinstance(peer_id, str):
+            peer_id = PeerID.from_base58(peer_id)
+        _, reader, writer = await self.p2p.call_binary_stream_handler(peer_id, self.name)
+        return reader, writer
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            detach_p2p(self.p2p, self.io)

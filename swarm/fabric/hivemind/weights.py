@@ -1,0 +1,263 @@
+"""Policy versions across the swarm: learners announce them (announcements.py), every peer
+serves the versions it holds over p2p streams, and receivers rebuild them bit for bit, checking
+every hash. (Samplers fetch from the announcing learner today: see follower.holders_for. Until
+they fetch from each other, the learner's upload grows with the number of samplers.)
+
+Only the run's learners may publish: a receiver is given the learners' public keys (the
+`[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
+volunteer cannot push weights. A receiver that holds version k asks for k -> want and gets the
+chain of deltas; a new or too-far-behind receiver gets a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Callable
+
+import msgpack
+
+from swarm.fabric.weights.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
+from swarm.fabric.weights.chunks import (
+    MAX_WAITERS,
+    FORWARD_PIECE_BYTES,
+    SLOT_WAIT_S,
+    ChunkCutOff,
+    ChunkFeed,
+    chunk_answer,
+    claim_chunk,
+    slot_share,
+    takes_slot,
+)
+from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
+from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.delta import (
+    MAX_PAYLOAD_BYTES,
+    CorruptVersion,
+)
+from swarm.fabric.weights.versions import HEADER_LIMIT, RebuildingClient, VersionStore, WEIGHT_REQUEST_LIMIT, check_payload_count, check_payload_size, refuse_unless_ok, send_deadline
+
+logger = logging.getLogger(__name__)
+
+
+RECEIVE_PIECE_BYTES = 1 << 20  # a whole payload is read in pieces of this size when its progress is followed
+
+
+def handler_name(run_id: str) -> str:
+    return f"gepo-swarm/{run_id}/weights/v1"
+
+
+class WeightServer:
+    """Serves the versions in `store` to any peer that asks, at most `slots` at once."""
+
+    def __init__(self, dht, run_id: str, store: VersionStore, *, slots: int | None = None) -> None:
+        self.store = store
+        self.served = self.bytes_served = 0
+        self.slots = UploadSlots(slots)
+        # chunk requests wait (for a chunk still on its way, for a slot) on threads of their own,
+        # never on the event loop that serves every stream
+        self._waits = ThreadPoolExecutor(MAX_WAITERS + 4, thread_name_prefix="chunk-wait")
+        self._pushes = ThreadPoolExecutor(1, thread_name_prefix="push-check")
+        self._pending_pushes = 0
+        self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
+
+    async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        from hivemind.p2p import P2P
+
+        sent = 0  # payload bytes: the requester gets as long again to read them before the close
+        try:
+            async def refuse(reason: str) -> None:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason[:200], "count": 0}), writer)
+
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), 30), P2P.BYTEORDER)
+            if size > WEIGHT_REQUEST_LIMIT:
+                await refuse(f"a weight request of {size} bytes")
+                return
+            try:  # whatever a requester sends, it gets an answer, never an exception in this handler
+                request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
+                if isinstance(request, dict) and request.get("op") == PUSH_OP:  # a learner's announcement
+                    await P2P.send_raw_data(msgpack.packb(await self._push_answer(request)), writer)
+                    return
+                if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
+                    try:
+                        sent = await self._chunk(request, writer, str(stream_info.peer_id))
+                    except ChunkCutOff as exc:  # cut at once: the requester asks again
+                        logger.debug("chunk passed on to %s cut off: %s", stream_info.peer_id, exc)
+                        writer.close()
+                    return
+                have, want = request.get("have"), request.get("want")
+                if not isinstance(want, int) or isinstance(want, bool):
+                    raise ValueError(f"want must be a version number, not {want!r}")
+            except (asyncio.IncompleteReadError, asyncio.TimeoutError):
+                raise
+            except Exception as exc:  # noqa: BLE001  garbage, a map without `get`
+                await refuse(f"{type(exc).__name__}: {exc}")
+                return
+            # the slot first: a request that is refused costs no encoding
+            if not self.slots.take():
+                await P2P.send_raw_data(msgpack.packb(self.slots.busy_reply()), writer)
+                return
+            try:
+                try:
+                    payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
+                except (KeyError, TypeError, ValueError) as exc:  # a version not held
+                    await refuse(f"{type(exc).__name__}: {exc}")
+                    return
+                await P2P.send_raw_data(msgpack.packb({"ok": True, "count": len(payloads)}), writer)
+                for payload in payloads:
+                    # a receiver that stops reading would otherwise hold this upload slot for good
+                    await asyncio.wait_for(P2P.send_raw_data(payload, writer), send_deadline(len(payload)))
+                    self.bytes_served += len(payload)
+                    sent += len(payload)
+                self.served += 1
+            finally:
+                self.slots.release()
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
+            logger.debug("weight request from %s failed: %s", stream_info.peer_id, exc)
+        except asyncio.CancelledError:
+            pass  # the server is closing
+        finally:
+            await close_after_requester(reader, writer, send_deadline(sent))
+
+    async def _push_answer(self, request: dict) -> dict:
+        """The answer to a pushed announcement, its signature checked on a thread of its own (off the
+        loop, and off the chunk requests' threads); busy while MAX_PENDING_PUSHES wait already."""
+        if self._pending_pushes >= MAX_PENDING_PUSHES:
+            return {"ok": False, "busy": True, "reason": "busy: too many pushed announcements wait here", "count": 0}
+        self._pending_pushes += 1  # (only ever changed on the loop)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pushes, answer_push, self.store.book.on_pushed,
+                                                                    request)
+        finally:
+            self._pending_pushes -= 1
+
+    async def _chunk(self, request: dict, writer, peer: str) -> int:
+        """Answers a manifest or chunk request; returns the payload bytes sent."""
+        from hivemind.p2p import P2P
+
+        # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
+        # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
+        header, data = await asyncio.get_running_loop().run_in_executor(
+            self._waits, partial(chunk_answer, self.store.book, request, taker=peer))
+        slot = data is not None and takes_slot(request)
+        share = slot_share(len(data)) if slot else 1.0
+        if slot and not await self.slots.take_async(SLOT_WAIT_S, peer, share):
+            header, data, slot = self.slots.busy_reply(), None, False
+        if slot and (redirect := claim_chunk(self.store.book, request, peer)) is not None:
+            self.slots.release(share)
+            header, data, slot = redirect, None, False
+        if data is None:
+            await P2P.send_raw_data(msgpack.packb(header), writer)
+            return 0
+        try:
+            await P2P.send_raw_data(msgpack.packb(header), writer)
+            if isinstance(data, ChunkFeed):
+                await self._pass_on(data, writer)
+            else:
+                await asyncio.wait_for(P2P.send_raw_data(data, writer), send_deadline(len(data)))
+            self.bytes_served += len(data)
+            return len(data)
+        finally:
+            if slot:
+                self.slots.release(share)
+
+    async def _pass_on(self, feed: ChunkFeed, writer) -> None:
+        """A chunk sent as it arrives here (framed as any payload: its size, then its bytes).
+        Raises ChunkCutOff when it fails to arrive whole and verified: the stream is then cut."""
+        from hivemind.p2p import P2P
+
+        loop = asyncio.get_running_loop()
+        deadline = send_deadline(len(feed))
+        writer.write(len(feed).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+        while (piece := await loop.run_in_executor(self._waits, feed.next, deadline)) is not None:
+            writer.write(piece)
+            await asyncio.wait_for(writer.drain(), deadline)
+
+    def close(self) -> None:
+        self._host.close()
+        self._waits.shutdown(wait=False, cancel_futures=True)
+        self._pushes.shutdown(wait=False, cancel_futures=True)
+
+
+class WeightClient(RebuildingClient):
+    """Fetches versions over hivemind p2p streams."""
+
+    def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+        self.timeout_s, self.max_payload_bytes = timeout_s, max_payload_bytes
+        self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
+
+    def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
+        return self._client.run(self._request(holder, {"have": have, "want": want}, have, want), timeout=self.timeout_s)
+
+    def _single(self, holder, request: dict, size: int, timeout: float,
+                sink: Callable[[bytes], None] | None = None) -> bytes:
+        return self._client.run(self._request(holder, request, None, request["version"], size, sink),
+                                timeout=timeout)[0]
+
+    def tell(self, peer, request: dict, timeout: float) -> dict:
+        """`peer`'s answer to a request that brings no payload back (a pushed announcement)."""
+        return self._client.run(self._told(peer, request), timeout=timeout)
+
+    async def _told(self, peer_id, request: dict) -> dict:
+        from hivemind.p2p import P2P
+
+        reader, writer = await self._client.open(peer_id)
+        try:
+            await P2P.send_raw_data(msgpack.packb(request), writer)
+            size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER), peer_id,
+                                      HEADER_LIMIT)
+            answer = msgpack.unpackb(await reader.readexactly(size), raw=False)
+            return answer if isinstance(answer, dict) else {}
+        finally:
+            writer.close()
+
+    async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None,
+                       sink: Callable[[bytes], None] | None = None) -> list[bytes]:
+        """The payloads a holder sends for `request`: have -> want's, or (`single`) one answer of
+        at most that many bytes (its bytes given to `sink` as they come)."""
+        from hivemind.p2p import P2P
+
+        async def receive(limit: int, heard: Callable[[bytes], None] | None = None, piece: int = RECEIVE_PIECE_BYTES,
+                          cut_off: bool = False) -> bytes:
+            # P2P.receive_raw_data would allocate whatever length the holder claims: check it first
+            size = check_payload_size(int.from_bytes(await reader.readexactly(P2P.HEADER_LEN), P2P.BYTEORDER), peer_id, limit)
+            try:
+                if heard is None:
+                    return await reader.readexactly(size)
+                parts = []  # in pieces, each one heard of (readexactly holds the whole payload twice at its end too)
+                while size > 0:
+                    parts.append(await reader.readexactly(min(size, piece)))
+                    size -= len(parts[-1])
+                    heard(parts[-1])
+                return b"".join(parts)
+            except (asyncio.IncompleteReadError, ConnectionError) as exc:
+                if not cut_off:
+                    raise
+                # a chunk passed on as it arrived there that did not arrive whole (or the holder
+                # left: the next request to it will fail)
+                raise ChunkCutOff(f"holder {peer_id} cut the chunk off ({type(exc).__name__})") from exc
+
+        reader, writer = await self._client.open(peer_id)
+        try:
+            await P2P.send_raw_data(msgpack.packb(request), writer)
+            try:
+                header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise CorruptVersion(f"holder {peer_id} sent an unreadable header: {exc}") from exc
+            if not isinstance(header, dict):
+                raise CorruptVersion(f"holder {peer_id} sent a malformed header")
+            refuse_unless_ok(header, peer_id, want)
+            if single is not None:
+                check_payload_count(header.get("count"), None, want, peer_id)
+                return [await receive(single, sink, FORWARD_PIECE_BYTES, cut_off=request.get("op") == "chunk")]
+            count = check_payload_count(header.get("count"), have, want, peer_id)
+            heard = self.on_received
+            counted = None if heard is None else (lambda part: heard(len(part)))
+            return [await receive(self.max_payload_bytes, counted) for _ in range(count)]
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        self._client.close()

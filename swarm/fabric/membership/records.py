@@ -1,0 +1,154 @@
+"""Membership records in the DHT, under a run id.
+
+Each peer owns one subkey of the dictionary key `{run_id}_members`: its subkey embeds its RSA
+public key (`[owner:...]`), the value is signed with the matching private key, so hivemind's
+RSASignatureValidator refuses any write to it by another peer; SchemaValidator refuses values that
+do not match MemberRecord (strict types: no silent conversions). Records carry an expiration a few
+heartbeats ahead, so a peer that vanishes disappears from listings on its own.
+"""
+
+
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, conlist, constr
+
+from swarm import __version__
+from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS
+
+
+ROLES = ("sampler", "learner")
+EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
+MAX_HOLDS_LISTED = 16  # versions a membership record lists as held (the newest)
+MAX_SECONDS = 1e9  # a duration in a record (about 30 years): bounds what a peer may claim
+# Why a learner refused a sampler's groups, as a sampler's record says it (a fixed set: a record
+# carries no free text of the learner's): its version was too old / from the future, the learner's
+# queue was full, the learner is shutting down, the sampler is banned, a group sent before, one the
+# learner could not take (malformed, too large: another model or software version?), too many
+# streams open at the learner, the learner could not be reached; anything else.
+REFUSALS = ("stale", "future", "busy", "leaving", "banned", "duplicate", "malformed", "streams", "unreachable", "other")
+_REFUSAL_WORDS = (("steps stale", "stale"), ("from the future", "future"), ("leaving", "leaving"), ("banned", "banned"),
+                  ("duplicate", "duplicate"), ("rollout streams", "streams"), ("unreachable", "unreachable"),
+                  ("busy", "busy"))
+
+
+def refusal_category(reason: str) -> str:
+    """The REFUSALS entry for a learner's refusal `reason` (the text of its ack, or the sampler's
+    own "learner unreachable"); a group the learner's wire checks (swarm.fabric.rollouts.wire) refused is
+    "malformed"."""
+    text = str(reason)
+    for words, kind in _REFUSAL_WORDS:
+        if words in text:
+            return kind
+    malformed = ("could not be decoded", "exceeds", "must", "outside the vocabulary", "not a msgpack", "wire format",
+                 "need ", "lengths sum", "log-probs for", "not a map", "tokens but")
+    return "malformed" if any(words in text for words in malformed) else "other"
+
+
+@dataclass
+class Refusals:
+    """A sampler's tally of the learner's refusals, for its record: in all, in a row since a group
+    was last accepted, and the last one's REFUSALS kind."""
+
+    total: int = 0
+    in_a_row: int = 0
+    last: str = ""
+
+    def count(self, acks: Sequence[Mapping]) -> None:
+        """Count one send's acks ({"ok": bool, "reason": str}), in order."""
+        for ack in acks:
+            if ack.get("ok"):
+                self.in_a_row = 0
+            else:
+                self.total, self.in_a_row, self.last = self.total + 1, self.in_a_row + 1, refusal_category(ack.get("reason", ""))
+
+
+class MemberRecord(BaseModel):
+    """What a peer announces about itself (all fields required by the schema)."""
+
+    role: constr(regex=r"^(sampler|learner)$", strict=True)
+    peer_id: constr(min_length=1, max_length=128, strict=True)  # libp2p peer id (base58)
+    model: constr(max_length=256, strict=True)  # model name or path the peer runs
+    model_hash: constr(max_length=128, strict=True)  # hash of the weights it holds ("" if unknown)
+    version: conint(ge=0, strict=True)  # policy version it holds
+    rollouts: conint(ge=0, strict=True)  # counters: rollout groups produced (sampler) / used (learner)
+    tokens_per_s: StrictFloat  # recent throughput
+    software: constr(max_length=32, strict=True)  # gepo-swarm version
+    time: StrictFloat  # DHT time of the heartbeat
+    # the versions this peer serves to others (newest last): where samplers fetch a version from
+    holds: conlist(conint(ge=0, strict=True), max_items=MAX_HOLDS_LISTED) = []
+    # its last version fetch: which version, from which peer, how many bytes in how many seconds
+    fetch_version: conint(ge=-1, strict=True) = -1
+    fetch_from: constr(max_length=128, strict=True) = ""
+    fetch_bytes: conint(ge=0, strict=True) = 0
+    fetch_s: confloat(ge=0, strict=True) = 0.0
+    # ... of which its payload's transfer took these (the rest: applying it); 0 from older peers
+    fetch_transfer_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    # whether it passes on the chunks of versions it is receiving (a dialable sampler): peers
+    # fetching the same payload share its chunks out among such relays (swarm.fabric.weights.chunked_fetch)
+    relay: StrictBool = False
+    # a learner other than the run owner: the owner's certificate for its key (swarm.fabric.membership.authority)
+    certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
+    # what `swarm status` flags come from (swarm.health); 0 / "" from peers older than these fields.
+    # the seconds between its heartbeats (a record later than a few of them is late)
+    heartbeat_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    # a sampler: groups the learner refused in all, those refused in a row since one was accepted,
+    # and why the last one was (one of REFUSALS)
+    refused: conint(ge=0, strict=True) = 0
+    refused_in_a_row: conint(ge=0, strict=True) = 0
+    refusal: constr(regex=f"^({'|'.join(REFUSALS)})?$", strict=True) = ""
+    # a learner: its usual seconds between steps (median of recent steps; 0 before the first) and
+    # the seconds since its last step (or since it started, before the first), at `time`
+    step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    since_step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+
+
+def members_key(run_id: str) -> str:
+    return f"{run_id}_members"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a peer says about itself in its membership record (the transport adds its peer id, the
+    software version and the time)."""
+
+    role: str  # "sampler" or "learner"
+    model: str = ""  # model name or path (first 256 characters)
+    model_hash: str = ""  # hash of the weights it holds ("" if unknown)
+    version: int = 0  # policy version it holds
+    rollouts: int = 0  # rollout groups produced (sampler) / used (learner)
+    tokens_per_s: float = 0.0  # recent throughput
+    holds: tuple[int, ...] = ()  # versions it serves to others
+    fetch_version: int = -1  # its last fetch (-1: none yet): version, source peer, bytes, seconds
+    fetch_from: str = ""
+    fetch_bytes: int = 0
+    fetch_s: float = 0.0
+    fetch_transfer_s: float = 0.0  # of fetch_s, until the payload was all here
+    relay: bool = False  # passes on chunks of the versions it receives
+    certificate: str = ""  # a learner other than the run owner: the owner's certificate for it
+    heartbeat_s: float = 0.0  # seconds between its heartbeats
+    refused: int = 0  # a sampler: groups the learner refused, in all and in a row; the last one's REFUSALS kind
+    refused_in_a_row: int = 0
+    refusal: str = ""
+    step_s: float = 0.0  # a learner: usual seconds between steps (0: none yet), seconds since the last one
+    since_step_s: float = 0.0
+
+    def record(self, peer_id: str, now: float) -> "MemberRecord":
+        fields = asdict(self)
+        fields.update(heartbeat_s=float(self.heartbeat_s), refused=int(self.refused), refused_in_a_row=int(self.refused_in_a_row),
+                      step_s=min(float(self.step_s), MAX_SECONDS), since_step_s=min(max(float(self.since_step_s), 0.0), MAX_SECONDS))
+        fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts), relay=bool(self.relay),
+                      tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
+                      fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],
+                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s),
+                      fetch_transfer_s=min(max(float(self.fetch_transfer_s), 0.0), MAX_SECONDS))
+        return MemberRecord(peer_id=peer_id, software=__version__, time=float(now), **fields)
+
+
+@dataclass
+class Member:
+    """A membership record as read back from the DHT."""
+
+    record: MemberRecord
+    expires_at: float
+    owner: bytes  # the subkey, i.e. the owner's public key
