@@ -392,7 +392,7 @@ def markdown(f: dict) -> str:
         "they are here: f is set by lr against the ulps of the weights (their magnitudes), not by P, and b grows only "
         "with log(1/f). Delta / snapshot = f x b / 16, independent of P;\n",
         "- encode and apply time = (seconds per element here) x P, one process on 2 cores (both are linear: a compare, "
-        "a sort of one byte per element, two sha256 passes; the pieces and the hashes run on weight_delta.THREADS "
+        "a sort of one byte per element, two sha256 passes; the pieces and the hashes run on weights.delta.THREADS "
         "threads, zlib on one: `python -m benchmarks delta_speed` measures them against the single-threaded code);\n",
         "- swap time = 2 P bytes / B, with B the bf16 load_state_dict rate measured here (host memory; on a GPU the "
         "copy runs at the host-to-device rate instead, ~25 GB/s pinned on PCIe 5, less from pageable memory).\n",

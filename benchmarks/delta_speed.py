@@ -60,7 +60,7 @@ def reference_module() -> types.ModuleType | None:
     """weight_delta.py as of REFERENCE (None without git history)."""
     root = Path(__file__).resolve().parents[1]
     try:
-        source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weights/delta.py"], cwd=root, check=True,
+        source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weight_delta.py"], cwd=root, check=True,
                                 capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -176,7 +176,7 @@ def markdown(f: dict) -> str:
         f"`python -m benchmarks delta_speed` (`benchmarks/delta_speed.py`). A synthetic bf16 state of "
         f"{rows[0]['elements'] / 1e6:.1f}M elements (a 16384 x 1024 embedding and three layers of Qwen3-shaped matrices, "
         "N(0, 0.02), norms near 1); the next version moves every float32 master by +-u and casts again. "
-        f"Old: `swarm/fabric/weights/delta.py` as of {f['reference'][:8]} (single-threaded), loaded into the same process; "
+        f"Old: `swarm/fabric/weight_delta.py` as of {f['reference'][:8]} (single-threaded), loaded into the same process; "
         f"new: the current module with {rows[0]['threads']} threads (THREADS, min(4, cores)) and with one. "
         f"Best of {f['repeats']}, old and new run alternately. Memory: the peak that tracemalloc sees (numpy's buffers, "
         "Python's objects) beyond what was held before, less the call's result (the payload; the new state), per "

@@ -1,7 +1,7 @@
 """The written interface of the swarm fabric: what every transport gives peers.
 
-Peers and tools use only these methods, with these signatures; `hivemind_transport.HivemindFabric`
-(DHT + libp2p streams) and `grpc_peer.GrpcFabric` (registry + gRPC servers) implement them, and
+Peers and tools use only these methods, with these signatures; `hivemind.fabric.HivemindFabric`
+(DHT + libp2p streams) and `grpc.fabric.GrpcFabric` (registry + gRPC servers) implement them, and
 the same tests run over both (tests/test_fabric_interface.py checks the signatures match). The one
 place a transport is chosen is `transports.py`.
 """

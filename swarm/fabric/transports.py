@@ -1,9 +1,9 @@
 """The one place a transport is chosen. Everything else asks this module for a fabric (a joined
 peer), an observer (reads the swarm without joining it) or a bootstrap node, by transport name.
 
-- hivemind: a DHT for records, libp2p streams for rollouts and weights (hivemind_transport.py);
+- hivemind: a DHT for records, libp2p streams for rollouts and weights (hivemind/fabric.py);
 - grpc: the fallback where libp2p cannot run; a registry for records, gRPC streams between peers
-  (grpc_registry.py, grpc_peer.py).
+  (grpc/registry.py, grpc/fabric.py).
 
 Which addresses fit which transport is checked with the settings (swarm.config.check_peers), so a
 bad --peers is a usage error before anything starts.

@@ -1,8 +1,8 @@
 """What both sides of the gRPC fallback transport share: msgpack framing, channel and server
 options, signed requests, the watchdog that frees server threads from slow peers, and the
-learner-key signatures (the same keys and `--learner-key` tokens as over hivemind).
+signed requests under the learner keys of signing.py (the same keys and `--learner-key` tokens as over hivemind).
 
-The transport itself (see grpc_registry.py and grpc_peer.py):
+The transport itself (see grpc/registry.py and grpc/fabric.py):
 - a **registry** (run by `swarm bootstrap --transport grpc`) holds membership records and version
   announcements in memory, with the same expiry as the DHT records. Each record belongs to the key
   that signed the request carrying it (one record per key and run, as in the DHT), with quotas per
@@ -24,7 +24,7 @@ if the receiver's replay memory has forgotten it (it is bounded, and lost on res
 with certificates bound to these keys would close that; it is not done.
 
 No protobuf code generation: methods are registered as generic handlers carrying msgpack bytes
-(frames from wire.py for rollouts, weight_delta payloads for weights, cut into chunks). Every method
+(frames from wire.py for rollouts, weights.delta payloads for weights, cut into chunks). Every method
 streams its requests, even those that carry one message: a unary gRPC handler waits for its
 request inside its server thread, where no deadline of ours can reach a peer that never sends it.
 """

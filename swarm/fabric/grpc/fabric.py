@@ -1,13 +1,7 @@
-"""A peer of a gRPC swarm (see grpc_common.py): its own server for rollouts and weights, the
-clients that reach other peers and the registry, and `GrpcFabric`, which implements the fabric
-interface (interface.py) like `HivemindFabric` does.
-
-Every request is signed with the peer's key, and servers know their callers by key: a learner
-bans, counts and shares its queue per key (as over hivemind per libp2p id), so a sender that
-claims another peer's address harms nobody but itself. The server's thread pool is sized for the
-rollout streams the inbox allows (StreamLimits.total) plus a reserve, so weight requests are
-served while every stream is held open, and the watchdog cuts a stream idle longer than
-StreamLimits.idle_s, or a weight transfer whose receiver stops reading, which frees its thread.
+"""`GrpcFabric`: a peer of a gRPC swarm (see grpc/common.py), which implements the fabric
+interface (interface.py) like `HivemindFabric` does. It runs its own server (grpc/server.py) for
+rollouts (grpc/rollouts.py) and weights (grpc/weights.py), and reaches other peers and the
+registry (grpc/registry.py) over a pool of channels.
 """
 
 from __future__ import annotations
@@ -116,7 +110,7 @@ class GrpcFabric:
         return host_port(seen, port)
 
     def _call(self, method: str, request: dict) -> dict:
-        """One signed registry call (the request streamed as one message: see grpc_common)."""
+        """One signed registry call (the request streamed as one message: see grpc.common)."""
         path, body = f"/{SERVICE}.Registry/{method}", pack(request)
         call = self.channels.get(self.registry).stream_unary(path, request_serializer=None, response_deserializer=unpack)
         return call(iter([body]), timeout=self.timeout_s, metadata=self.signer.metadata(path, body))
@@ -140,7 +134,7 @@ class GrpcFabric:
 
     @property
     def peer_id(self) -> str:
-        """`KEYID@host:port`: this peer's key id and the address it serves on (grpc_common)."""
+        """`KEYID@host:port`: this peer's key id and the address it serves on (grpc.common)."""
         return peer_id_of(self.key_id, self.server.address) if self.server else ""
 
     @property

@@ -1,7 +1,7 @@
 """The registry of a gRPC swarm (`swarm bootstrap --transport grpc`): membership records and
-version announcements per run, in memory, with expiry; see grpc_common.py for the transport.
+version announcements per run, in memory, with expiry; see grpc/common.py for the transport.
 
-Every call is signed by its sender's key (grpc_common.Authenticator) and every record belongs to
+Every call is signed by its sender's key (grpc.common.Authenticator) and every record belongs to
 the key that signed it: a peer has one membership record and one announcement per run, which only
 its key can replace, so nobody can hold or overwrite another peer's record, and two peers that
 claim the same address are still two records. What one remote IP and one run may hold is bounded

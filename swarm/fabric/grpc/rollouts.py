@@ -1,13 +1,6 @@
-"""A peer of a gRPC swarm (see grpc_common.py): its own server for rollouts and weights, the
-clients that reach other peers and the registry, and `GrpcFabric`, which implements the fabric
-interface (interface.py) like `HivemindFabric` does.
-
-Every request is signed with the peer's key, and servers know their callers by key: a learner
-bans, counts and shares its queue per key (as over hivemind per libp2p id), so a sender that
-claims another peer's address harms nobody but itself. The server's thread pool is sized for the
-rollout streams the inbox allows (StreamLimits.total) plus a reserve, so weight requests are
-served while every stream is held open, and the watchdog cuts a stream idle longer than
-StreamLimits.idle_s, or a weight transfer whose receiver stops reading, which frees its thread.
+"""Rollout groups over gRPC: a learner's inbox on its server (`GrpcRolloutInbox`, the
+transport-neutral InboxCore fed by a stream handler) and the sender that streams groups to it
+under this peer's signature (`GrpcRolloutSender`).
 """
 
 from __future__ import annotations

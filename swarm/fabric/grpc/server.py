@@ -1,6 +1,5 @@
-"""A peer of a gRPC swarm (see grpc_common.py): its own server for rollouts and weights, the
-clients that reach other peers and the registry, and `GrpcFabric`, which implements the fabric
-interface (interface.py) like `HivemindFabric` does.
+"""A gRPC peer's own server (`GrpcPeerServer`) and its method paths (ROLLOUTS, WEIGHTS), and
+the pool of channels by which a peer reaches others (`Channels`).
 
 Every request is signed with the peer's key, and servers know their callers by key: a learner
 bans, counts and shares its queue per key (as over hivemind per libp2p id), so a sender that

@@ -1,5 +1,5 @@
 """Policy versions over gRPC: a peer's weight server (whole versions and chunks, within its upload
-slots) and the client that fetches from holders' servers (grpc_peer.py wires both into
+slots) and the client that fetches from holders' servers (grpc/fabric.py wires both into
 `GrpcFabric`). Every request is signed; the server knows its caller by key."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class GrpcWeightClient(RebuildingClient):
     """Fetches versions from holders' gRPC servers, each request signed. What a holder says is
     checked before anything is read: at most the payloads `have -> want` takes, each at most
     `max_payload_bytes`, sent in chunks of at most CHUNK_BYTES that add up to exactly that size.
-    `channels`: the fabric's pool of channels to other peers (grpc_peer)."""
+    `channels`: the fabric's pool of channels to other peers (grpc.server.Channels)."""
 
     def __init__(self, channels, signer: RequestSigner, *, timeout_s: float = 120.0,
                  max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:

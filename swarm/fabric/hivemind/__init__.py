@@ -1,1 +1,11 @@
-"""hivemind"""
+"""The fabric over hivemind: a DHT for records, libp2p streams for rollouts and weights.
+Imported only through swarm.fabric.transports (hivemind is heavy: it pulls in torch).
+
+- fabric.py        - `HivemindFabric` and `HivemindBootstrap`.
+- dht.py           - a DHT node with the swarm's validators; the p2p daemon's lifetime.
+- records.py       - membership records and version announcements in the DHT.
+- loop.py          - a private asyncio loop per component for the p2p streams.
+- weights.py       - `WeightServer` and `WeightClient` over p2p streams.
+- rollouts.py      - `RolloutInbox` and `RolloutSender` over p2p streams.
+- learner_group.py - several learners averaging gradients through hivemind's averager.
+"""

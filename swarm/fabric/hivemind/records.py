@@ -1,10 +1,12 @@
-"""Membership records in the DHT, under a run id.
+"""The swarm's records in hivemind's DHT, under a run id: membership records and version
+announcements.
 
-Each peer owns one subkey of the dictionary key `{run_id}_members`: its subkey embeds its RSA
-public key (`[owner:...]`), the value is signed with the matching private key, so hivemind's
-RSASignatureValidator refuses any write to it by another peer; SchemaValidator refuses values that
-do not match MemberRecord (strict types: no silent conversions). Records carry an expiration a few
-heartbeats ahead, so a peer that vanishes disappears from listings on its own.
+Each peer owns one subkey of the dictionary keys `{run_id}_members` and `{run_id}_versions`: its
+subkey embeds its RSA public key (`[owner:...]`), the value is signed with the matching private
+key, so hivemind's RSASignatureValidator refuses any write to it by another peer; SchemaValidator
+refuses values that do not match MemberRecord / VersionAnnouncement (strict types: no silent
+conversions). Records carry an expiration a few heartbeats ahead, so a peer that vanishes
+disappears from listings on its own.
 """
 
 

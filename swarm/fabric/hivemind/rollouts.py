@@ -1,21 +1,9 @@
 """Rollout groups from samplers to a learner over hivemind's p2p streams.
 
-One stream per send: the sampler writes length-prefixed msgpack frames (wire.py), one per group,
-and reads one small ack per frame; an ack marked `final` refuses the rest of the stream too (past
-a peer's stream limit, or at a frame too big to skip). The learner side (`RolloutInbox`):
-- validates every frame (wire.decode_group) and answers with the reason when it refuses one;
-- delivers each group at most once (a bounded memory of recently seen group uids);
-- applies backpressure: a bounded queue; when it is full the handler stops reading, so the
-  sender's writes block instead of the learner's memory growing, and after `put_timeout_s` the
-  group is refused as "busy" (the sampler counts it and moves on);
-- shares the queue fairly: while several peers send, each may hold at most its share
-  (capacity / active peers) of it, so one fast or hostile sampler cannot crowd out the rest;
-- bounds what a peer can hold open: a few streams per peer, a total, an idle deadline between
-  frames and a deadline per frame that grows with its size (a slow sender is cut off, not waited on);
-- counts accepted and refused groups per peer; a peer that keeps sending bad data (malformed
-  groups here, forged rewards reported by the learner through `penalize`) is banned for a while
-  (bans.py) and everything it sends meanwhile is refused unread. Each kind of garbage is logged
-  once per peer, not once per frame.
+One stream per send: the sampler (`RolloutSender`) writes length-prefixed msgpack frames
+(rollouts/wire.py), one per group, and reads one small ack per frame; an ack marked `final` refuses
+the rest of the stream too (past a peer's stream limit, or at a frame too big to skip). The
+learner side (`RolloutInbox`) is rollouts/inbox.py's InboxCore served on a stream handler.
 """
 
 from __future__ import annotations

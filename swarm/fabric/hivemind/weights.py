@@ -1,12 +1,7 @@
-"""Policy versions across the swarm: learners announce them (announcements.py), every peer
-serves the versions it holds over p2p streams, and receivers rebuild them bit for bit, checking
-every hash. (Samplers fetch from the announcing learner today: see follower.holders_for. Until
-they fetch from each other, the learner's upload grows with the number of samplers.)
-
-Only the run's learners may publish: a receiver is given the learners' public keys (the
-`[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
-volunteer cannot push weights. A receiver that holds version k asks for k -> want and gets the
-chain of deltas; a new or too-far-behind receiver gets a snapshot.
+"""Policy versions over hivemind's p2p streams: every peer serves the versions it holds
+(`WeightServer`: whole payloads, manifests and chunks, within its upload slots, and pushed
+announcements), and `WeightClient` fetches them from holders and rebuilds them
+(weights/versions.py's RebuildingClient).
 """
 
 from __future__ import annotations

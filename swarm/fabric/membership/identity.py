@@ -4,7 +4,8 @@ Two keys per peer, each in a file so that it survives restarts:
 - the libp2p identity (`*.p2p.key`), handed to the p2p daemon: it fixes the peer id and with it the
   multiaddr others pass to `--peers`;
 - the RSA signing key (`*.sign.key`, DER), which signs the peer's DHT records so that no other peer
-  can write or overwrite them (hivemind's RSASignatureValidator).
+  can write or overwrite them (hivemind's RSASignatureValidator). Its public half's text form, and
+  learner keys as `--learner-key` text, are swarm/config/learner_keys.py's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""Membership records in the DHT, under a run id.
-
-Each peer owns one subkey of the dictionary key `{run_id}_members`: its subkey embeds its RSA
-public key (`[owner:...]`), the value is signed with the matching private key, so hivemind's
-RSASignatureValidator refuses any write to it by another peer; SchemaValidator refuses values that
-do not match MemberRecord (strict types: no silent conversions). Records carry an expiration a few
-heartbeats ahead, so a peer that vanishes disappears from listings on its own.
+"""Membership records: what a peer says about itself (`Heartbeat`), the schema-checked record
+it becomes (`MemberRecord`, strict types: no silent conversions) and how it reads back (`Member`).
+Each transport stores them under the run id, one record per signing key, with an expiration a few
+heartbeats ahead, so a peer that vanishes disappears from listings on its own (over hivemind:
+hivemind/records.py; over gRPC: the registry).
 """
 
 

@@ -3,7 +3,7 @@
 Every refusal that is the sender's fault (a malformed group, forged rewards, an unknown problem;
 not a stale, duplicate or "busy" one) is a strike against the sending peer's id: over hivemind the
 libp2p peer id the transport authenticates, over gRPC the key that signs the sender's requests
-(grpc_common.py). Either way a new identity is free to make, so a ban slows a determined attacker
+(grpc/common.py). Either way a new identity is free to make, so a ban slows a determined attacker
 down rather than stopping it; what stops it is that every group is checked. `strikes` strikes within `window_s` seconds ban the peer for
 `ban_s` seconds, during which everything it sends is refused unread. A ban expires on its own, so
 a volunteer with a transient bug can come back.

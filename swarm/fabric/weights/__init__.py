@@ -1,1 +1,15 @@
-"""weights"""
+"""Policy versions: how they are encoded, held, announced, cut into chunks and fetched.
+
+- delta.py            - versions as bit-exact snapshots and deltas; varints.py, the varint and zigzag
+                        coding its streams use; value_classes.py, the classes its changes are counted
+                        in; packed_stream.py, its msgpack body streamed through zlib.
+- versions.py         - the store of versions a peer holds and the client logic that rebuilds fetched ones.
+- announcements.py    - `VersionAnnouncement` (and the run's sampling settings it carries), and which
+                        announcements to trust.
+- announcement_push.py - a learner's announcement pushed straight to the samplers it names.
+- chunks.py, chunked_fetch.py - a version's payload in verifiable chunks, served while it arrives,
+                        and fetched along a chain (or in stripes) shared with the peers fetching it too.
+- upload_slots.py     - how many transfers a holder serves at once, and who gets a freed slot.
+- follower.py         - a sampler's background fetching of new versions (other holders first, the
+                        learner last) and the latency simulation's choice of version.
+"""

@@ -9,7 +9,7 @@ it also sends the announcement to each peer it names as a sharer (`AnnouncementP
 Fabric.announce), over the weight protocol (a request {"op": "announce", ...}), and they start a
 round trip after it instead of a poll and a lookup after it.
 
-A pushed announcement is signed as the registry stores one (grpc_common: the learner's
+A pushed announcement is signed as the registry stores one (signing.signed_value: the learner's
 `[owner:...]` key, the msgpack payload and its RSA signature), on both transports, and a receiver
 trusts it no more than one it looked up: the signature must hold for the key it names, and that
 key must be one the follower was given or carry the run owner's certificate

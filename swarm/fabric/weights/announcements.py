@@ -1,10 +1,7 @@
-"""Membership records in the DHT, under a run id.
-
-Each peer owns one subkey of the dictionary key `{run_id}_members`: its subkey embeds its RSA
-public key (`[owner:...]`), the value is signed with the matching private key, so hivemind's
-RSASignatureValidator refuses any write to it by another peer; SchemaValidator refuses values that
-do not match MemberRecord (strict types: no silent conversions). Records carry an expiration a few
-heartbeats ahead, so a peer that vanishes disappears from listings on its own.
+"""What learners announce: the newest version of a run with the run's sampling settings
+(`VersionAnnouncement`, schema-checked with strict types), signed under a learner key, read back by
+samplers (over hivemind from the DHT, hivemind/records.py; over gRPC from the registry) and trusted
+only under the run's owner keys or a key they certified (membership/authority.py).
 """
 
 

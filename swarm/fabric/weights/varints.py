@@ -1,4 +1,4 @@
-"""The integer codings of weight deltas' streams (weight_delta.py), vectorised with numpy: zigzag
+"""The integer codings of weight deltas' streams (weights/delta.py), vectorised with numpy: zigzag
 (signed steps as unsigned numbers, small either way) and LEB128 varints (7 bits a byte, low first,
 the high bit set on all but a number's last byte). Decoding is bounded by the data's size whatever
 the data, and can run in parts on an executor (numpy releases the GIL)."""

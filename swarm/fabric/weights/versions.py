@@ -1,7 +1,8 @@
-"""Policy versions across the swarm: learners announce them (announcements.py), every peer
-serves the versions it holds over p2p streams, and receivers rebuild them bit for bit, checking
-every hash. (Samplers fetch from the announcing learner today: see follower.holders_for. Until
-they fetch from each other, the learner's upload grows with the number of samplers.)
+"""Policy versions a peer holds and rebuilds, whatever the transport: the store of versions
+(`VersionStore`: each one's weights and the payloads that serve it), what a fetch brought
+(`FetchResult`), and `RebuildingClient`, which rebuilds fetched versions bit for bit, checking
+every hash. Each transport serves the store and fetches payloads (hivemind/weights.py,
+grpc/weights.py).
 
 Only the run's learners may publish: a receiver is given the learners' public keys (the
 `[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
