@@ -1,7 +1,7 @@
 """A swarm of real `swarm` CLI processes spread over the hosts of a `benchmarks.wan.Wan`: each
 "machine" (namespace) gets its own working directory and its own key cache, as separate machines
 would, and every peer its own log. What a peer reports is read from the ready.json and JSONL
-records it writes, never from its printed output. Used by tests/test_wan.py and the fan-out
+records it writes, never from its printed output. Used by tests/wan/test_wan.py and the fan-out
 benchmark.
 """
 

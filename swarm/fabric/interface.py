@@ -2,7 +2,7 @@
 
 Peers and tools use only these methods, with these signatures; `hivemind.fabric.HivemindFabric`
 (DHT + libp2p streams) and `grpc.fabric.GrpcFabric` (registry + gRPC servers) implement them, and
-the same tests run over both (tests/test_fabric_interface.py checks the signatures match). The one
+the same tests run over both (tests/fabric/test_fabric_interface.py checks the signatures match). The one
 place a transport is chosen is `transports.py`.
 """
 

@@ -13,7 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from swarm.fabric.weights.delta import CorruptVersion, apply_payload, encode_delta, encode_snapshot, payload_header, state_hash
-from test_fuzz import WEIRD, chooser, fuzz, mutate_bytes, weighted
+from tests.fuzz.test_fuzz import WEIRD, chooser, fuzz, mutate_bytes, weighted
 
 # weight payloads
 

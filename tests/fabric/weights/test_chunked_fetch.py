@@ -15,7 +15,7 @@ from swarm.fabric.membership.link_judge import LinkJudge
 from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
 from swarm.fabric.membership.records import Heartbeat, Member
 from swarm.fabric.weights.versions import VersionStore
-from tests.test_chunks import CHUNK, payload, versions
+from tests.fabric.weights.test_chunks import CHUNK, payload, versions
 
 
 def learner_with_a_snapshot(make_fabric):

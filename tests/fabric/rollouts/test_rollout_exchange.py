@@ -144,7 +144,7 @@ def test_a_peer_sending_garbage_is_banned_then_ignored(make_fabric):
         inbox.close()
 
 
-@pytest.mark.parametrize("make_fabric", ["hivemind"], indirect=True)  # gRPC: tests/test_grpc_hostile.py
+@pytest.mark.parametrize("make_fabric", ["hivemind"], indirect=True)  # gRPC: tests/fabric/grpc/test_grpc_hostile.py
 def test_streams_past_a_peers_limit_are_refused_and_idle_ones_cut(make_fabric):
     """One peer holding streams open cannot take the learner's streams or its memory: past
     StreamLimits.per_peer a stream is refused with the reason, an idle one is cut after idle_s,

@@ -118,7 +118,7 @@ def test_sampler_shards_are_deterministic_and_disjoint():
 # Real datasets' shapes: GSM8K ("... #### 1,234") and MATH (\boxed{} inside a worked solution),
 # from the small files in tests/data (written for these tests, in those datasets' formats)
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GSM8K = dict(answer_pattern=r"####\s*(.+)")
 MATH = dict(question_column="problem", answer_column="solution")
 

@@ -16,11 +16,11 @@ import pytest
 
 from benchmarks.wan import Wan, wan_unavailable
 from benchmarks.wan_swarm import WanSwarm, wait_for
-from tests.test_wan import QUICK_SAMPLER, TRANSPORTS, fetched, start_run, steps_of
+from tests.wan.test_wan import QUICK_SAMPLER, TRANSPORTS, fetched, start_run, steps_of
 
 UNAVAILABLE = wan_unavailable(nat=False)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"WAN harness: {UNAVAILABLE}")]
-SCRIPT = str(Path(__file__).with_name("wan_weights.py"))
+SCRIPT = str(Path(__file__).parents[1] / "helpers" / "wan_weights.py")
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -57,7 +57,7 @@ def test_samplers_relay_versions_within_the_learners_upload_budget(tmp_path, tra
 
 
 def start_holder(swarm: WanSwarm, host, name: str, addr: str, transport: str, *options: str) -> tuple:
-    """A tests/wan_weights.py holder of version 0 on `host`: (process, its ready.json)."""
+    """A tests/helpers/wan_weights.py holder of version 0 on `host`: (process, its ready.json)."""
     out = swarm.home(host) / name
     proc = swarm.spawn(host, name, ["serve", "--transport", transport, "--peers", addr, "--out", str(out), *options],
                        program=[sys.executable, SCRIPT])
@@ -67,7 +67,7 @@ def start_holder(swarm: WanSwarm, host, name: str, addr: str, transport: str, *o
 
 
 def fetch(swarm: WanSwarm, host, addr: str, transport: str, holders: list[str], digest: str):
-    """Start a tests/wan_weights.py fetch on `host`; (process, the file it writes its result to)."""
+    """Start a tests/helpers/wan_weights.py fetch on `host`; (process, the file it writes its result to)."""
     out = swarm.home(host) / "fetched.json"
     proc = swarm.spawn(host, "fetcher", ["fetch", "--transport", transport, "--peers", addr, "--out", str(out),
                                          "--holders", ",".join(holders), "--hash", digest],

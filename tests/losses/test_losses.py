@@ -28,7 +28,7 @@ def two_completion_batch(requires_grad=True):
 #  decoupled PPO, token-TIS + seq-MIS: behaviour weights 0.8, 1.2 (under both caps, sequence ratios in
 #        [0.5, 2]) times a proximal ratio of 1: -(0.8 - 1.2)/2
 #  OPSM: the A < 0 completion has mean log(q/p) = log(0.25/0.3) < 0, not masked: GRPO's 0.2
-#  (tests/test_losses_off_policy.py works each of the new four by hand where their masks act.)
+#  (tests/losses/test_losses_off_policy.py works each of the new four by hand where their masks act.)
 HAND = {
     "gepo": (-(0.96 - 0.8) / 2, 0.5),
     "grpo": (0.2, 0.0),

@@ -42,7 +42,7 @@ from swarm.fabric.weights.upload_slots import UploadSlots
 from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.delta import CorruptVersion, state_hash
 from swarm.staleness import SecondsDelay
-from tests.wan_weights import corrupting
+from tests.helpers.wan_weights import corrupting
 
 CHUNK = MIN_CHUNK_BYTES
 

@@ -60,7 +60,7 @@ def test_eval_table_on_a_local_dataset(tmp_path):
 
 
 def test_eval_reads_every_row_of_a_gsm8k_style_file_and_says_so():
-    gsm = Path(__file__).parent / "data" / "gsm8k_style.jsonl"
+    gsm = Path(__file__).parents[1] / "data" / "gsm8k_style.jsonl"
     out = run("eval", "--task", str(gsm), "--answer-pattern", r"####\s*(.+)", "--stop", "\nQuestion:", "--samples", "1",
               "--no-greedy", "--max-completion-length", "4", "--json")
     assert out.returncode == 0, out.stderr

@@ -22,7 +22,7 @@ from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.delta import apply_payload, state_hash
 from swarm.fabric.rollouts.wire import encode_group
 from swarm.rollouts import RolloutGroup
-from test_fuzz import (ANY_FRAME, LEARNER_VERSION, LIMITS, MAX_STALENESS, RUN, SAFE_EDGE_INTS, SAFE_INTS, SAFE_WEIRD, VOCAB,
+from tests.fuzz.test_fuzz import (ANY_FRAME, LEARNER_VERSION, LIMITS, MAX_STALENESS, RUN, SAFE_EDGE_INTS, SAFE_INTS, SAFE_WEIRD, VOCAB,
                        assert_registry_sound, assert_valid_group, drain, fuzz, mutated_requests, random_requests, scalars)
 
 # ---------------------------------------------------------------------------------------------

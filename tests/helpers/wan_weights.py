@@ -1,10 +1,10 @@
 """A weight holder or a weight fetcher as its own process, for the WAN tests of relaying
-(tests/test_wan_relay.py): the library's fabric, version store, weight server and fetch, without a
+(tests/wan/test_wan_relay.py): the library's fabric, version store, weight server and fetch, without a
 model, so that a test controls who holds what and can kill a holder mid-transfer.
 
-    python tests/wan_weights.py serve --transport T --peers ADDR --out DIR [--megabytes N] [--corrupt] [--announce]
-    python tests/wan_weights.py fetch --transport T --peers ADDR --holders P1,P2 --hash H --out FILE
-    python tests/wan_weights.py follow --transport T --peers ADDR --key KEY --out DIR [--corrupt]
+    python tests/helpers/wan_weights.py serve --transport T --peers ADDR --out DIR [--megabytes N] [--corrupt] [--announce]
+    python tests/helpers/wan_weights.py fetch --transport T --peers ADDR --holders P1,P2 --hash H --out FILE
+    python tests/helpers/wan_weights.py follow --transport T --peers ADDR --key KEY --out DIR [--corrupt]
 
 `serve` holds version 0 (the same tensors in every holder: seeded), serves it, and writes
 DIR/ready.json with its peer id, its learner key and the version's hash; with --corrupt it serves

@@ -19,7 +19,7 @@ from benchmarks.wan_swarm import SWARM, WanSwarm, pids_in, records, wait_for
 
 UNAVAILABLE = wan_unavailable(nat=True)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(UNAVAILABLE is not None, reason=f"WAN harness: {UNAVAILABLE}")]
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 TRANSPORTS = ["hivemind", "grpc"]
 # small rounds and steps, so that a test sees several versions in seconds
 QUICK_LEARNER = ["--groups-per-step", "4", "--checkpoint-every", "0", "--wait-s", "30", "--steps", "1000"]

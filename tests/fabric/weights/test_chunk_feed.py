@@ -11,7 +11,7 @@ import pytest
 from benchmarks.waiting import wait_until
 from swarm.fabric.weights.chunks import ChunkBook, ChunkCutOff, ChunkFeed, spec_of
 from swarm.fabric.weights.versions import VersionStore
-from tests.test_chunks import CHUNK, payload
+from tests.fabric.weights.test_chunks import CHUNK, payload
 
 
 def test_a_chunk_on_its_way_is_passed_on_as_it_arrives_and_its_last_byte_only_once_it_verified():

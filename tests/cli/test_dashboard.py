@@ -25,7 +25,7 @@ from swarm.fabric.hivemind.dht import free_port
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
-STATIC = Path(__file__).resolve().parents[1] / "swarm" / "dashboard" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "swarm" / "dashboard" / "static"
 SCRIPT = "<script>window.__pwned=1</script>"
 IMG = '<img src=x onerror="window.__pwned=2">'
 SVG = '<svg onload="window.__pwned=3">'

@@ -12,7 +12,7 @@ import pytest
 
 from swarm.staleness import DelayDistribution
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_uniform_delays_with_a_drop_keep_only_fresh_enough_groups_in_equal_shares():

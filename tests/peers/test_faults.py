@@ -73,7 +73,7 @@ def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path
 
     def bad_sampler(name: str, *extra):
         acks = tmp_path / f"{name}-acks.jsonl"
-        return acks, subprocess.Popen([sys.executable, str(Path(__file__).with_name("bad_sampler.py")), "--peers", addr,
+        return acks, subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "helpers" / "bad_sampler.py"), "--peers", addr,
                                        "--learner-key", key, "--run-id", swarm.run_id, "--identity-dir", str(tmp_path / "keys" / name),
                                        "--rounds", "6", "--out", str(acks), "--transport", transport, *extra],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
