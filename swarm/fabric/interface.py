@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
-from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.membership.records import Heartbeat, Member
-from swarm.fabric.weights.announcements import RunSampling
-from swarm.fabric.weights.announcements import Announced
+from swarm.fabric.weights.announcements import Announced, RunSampling
+from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.weights.versions import FetchResult, VersionStore
 from swarm.rollouts import RolloutGroup
 

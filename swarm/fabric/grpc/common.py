@@ -31,8 +31,6 @@ request inside its server thread, where no deadline of ours can reach a peer tha
 
 from __future__ import annotations
 
-
-
 import hashlib
 import math
 import threading
@@ -42,8 +40,8 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import msgpack
-from swarm.fabric.signing import MAX_CLOCK_SKEW_S, owner_key, verify_owner_signature
 
+from swarm.fabric.signing import MAX_CLOCK_SKEW_S, owner_key, verify_owner_signature
 
 SERVICE = "gepo_swarm.v1"
 CHUNK_BYTES = 4 * 1024 * 1024  # weight payloads travel in chunks well under gRPC's message limits

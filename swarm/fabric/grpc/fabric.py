@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Iterable, Mapping, Sequence
 
+from swarm.config import split_host_port
 from swarm.fabric.grpc.common import (
     SERVICE,
     RequestSigner,
@@ -18,16 +19,11 @@ from swarm.fabric.grpc.common import (
     peer_id_of,
     unpack,
 )
-from swarm.fabric.signing import owner_key, signed_value, verify_owner_signature
-from swarm.fabric.weights.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
-from swarm.fabric.weights.chunks import ChunkSpec
+from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
+from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
+from swarm.fabric.grpc.server import Channels, GrpcPeerServer
 from swarm.fabric.grpc.weights import GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
-from swarm.fabric.membership.records import EXPIRY_HEARTBEATS, Heartbeat
-from swarm.fabric.grpc.server import Channels, GrpcPeerServer
-from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
-from swarm.config import split_host_port
-from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
 from swarm.fabric.membership.addresses import (
     announced_address,
     host_port,
@@ -37,7 +33,11 @@ from swarm.fabric.membership.addresses import (
     refuses_connections,
     usable_ip,
 )
+from swarm.fabric.membership.records import EXPIRY_HEARTBEATS, Heartbeat
+from swarm.fabric.signing import owner_key, signed_value, verify_owner_signature
+from swarm.fabric.weights.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
 from swarm.fabric.weights.announcements import Announced, RunSampling, VersionAnnouncement, newest_authorised
+from swarm.fabric.weights.chunks import ChunkSpec
 
 logger = logging.getLogger(__name__)
 

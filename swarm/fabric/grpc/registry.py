@@ -31,11 +31,10 @@ from swarm.fabric.grpc.common import (
     pack,
     unpack,
 )
-from swarm.fabric.signing import verify_owner_signature
 from swarm.fabric.membership.addresses import announced_address, host_port, interface_addresses, is_wildcard
 from swarm.fabric.membership.records import Member, MemberRecord
+from swarm.fabric.signing import verify_owner_signature
 from swarm.fabric.weights.announcements import VersionAnnouncement
-
 
 MAX_OWNERS_ASKED = 16  # learner keys one Versions request may name
 PAGE_SIZE = 256  # entries per Members or Versions reply: 256 of the largest records stay well under 1 MiB

@@ -13,8 +13,8 @@ from swarm.fabric.grpc.common import (
     RequestSigner,
     unpack,
 )
+from swarm.fabric.grpc.server import RESERVE_WORKERS, ROLLOUTS, Channels, GrpcPeerServer
 from swarm.fabric.rollouts.inbox import InboxCore
-from swarm.fabric.grpc.server import Channels, GrpcPeerServer, RESERVE_WORKERS, ROLLOUTS
 from swarm.fabric.rollouts.wire import encode_group
 
 logger = logging.getLogger(__name__)

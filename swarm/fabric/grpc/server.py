@@ -11,7 +11,6 @@ StreamLimits.idle_s, or a weight transfer whose receiver stops reading, which fr
 
 from __future__ import annotations
 
-
 import logging
 import threading
 from collections import OrderedDict
@@ -32,8 +31,8 @@ from swarm.fabric.grpc.common import (
     pack,
     unpack,
 )
-from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.rollouts.inbox import StreamLimits
+from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.weights.versions import WEIGHT_REQUEST_LIMIT
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from swarm.fabric.grpc.common import CHUNK_BYTES, RequestSigner, pack, unpack
+from swarm.fabric.grpc.server import WEIGHTS
 from swarm.fabric.weights.announcement_push import PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import FORWARD_PIECE_BYTES, ChunkCutOff, ChunkFeed, chunk_answer, slot_share, takes_slot
-from swarm.fabric.grpc.common import CHUNK_BYTES, RequestSigner, pack, unpack
+from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
 from swarm.fabric.weights.upload_slots import UploadSlots
 from swarm.fabric.weights.versions import (
     HEADER_LIMIT,
@@ -20,8 +22,6 @@ from swarm.fabric.weights.versions import (
     refuse_unless_ok,
     send_deadline,
 )
-from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
-from swarm.fabric.grpc.server import WEIGHTS
 
 if TYPE_CHECKING:
     from swarm.fabric.grpc.server import GrpcPeerServer

@@ -16,10 +16,10 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from swarm.fabric.membership.addresses import maddr_tcp, refuses_connections
-from swarm.fabric.interface import JoinError
 from swarm.config import split_host_port
 from swarm.fabric.hivemind.records import make_schema
+from swarm.fabric.interface import JoinError
+from swarm.fabric.membership.addresses import maddr_tcp, refuses_connections
 
 logger = logging.getLogger(__name__)
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from swarm.fabric.weights.chunks import ChunkSpec
-from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.hivemind.dht import announce_multiaddrs, listen_maddrs, start_dht
 from swarm.fabric.hivemind.learner_group import LearnerGroup
 from swarm.fabric.hivemind.records import MembershipPublisher, latest_announced, list_members, store_announcement
 from swarm.fabric.hivemind.rollouts import RolloutInbox, RolloutSender
 from swarm.fabric.hivemind.weights import WeightClient, WeightServer
 from swarm.fabric.membership.addresses import order_for_others
-from swarm.fabric.weights.announcement_push import AnnouncementPusher, PUSH_TIMEOUT_S
+from swarm.fabric.membership.records import Heartbeat
+from swarm.fabric.weights.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
 from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
+from swarm.fabric.weights.chunks import ChunkSpec
 
 
 def visible_addresses(dht, announced: Sequence[str]) -> list[str]:

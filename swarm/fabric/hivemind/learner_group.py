@@ -29,7 +29,6 @@ What is built around it, and why:
 
 from __future__ import annotations
 
-
 import logging
 import threading
 import time
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import torch
+
 from swarm.fabric.hivemind.dht import exit_with_parent
 
 logger = logging.getLogger(__name__)

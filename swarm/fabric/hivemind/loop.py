@@ -7,7 +7,6 @@ import asyncio
 import threading
 from typing import Awaitable, TypeVar
 
-
 T = TypeVar("T")
 
 

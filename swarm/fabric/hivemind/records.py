@@ -11,15 +11,13 @@ disappears from listings on its own.
 
 
 
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
 from pydantic.v1 import BaseModel
 
 from swarm.config import SwarmSettings, default_of
-from typing import Iterable
-from swarm.fabric.weights.announcements import VersionAnnouncement, versions_key
-from swarm.fabric.weights.announcements import Announced, newest_authorised
 from swarm.fabric.membership.records import EXPIRY_HEARTBEATS, Heartbeat, Member, MemberRecord, members_key
+from swarm.fabric.weights.announcements import Announced, VersionAnnouncement, newest_authorised, versions_key
 
 
 def make_schema(run_id: str):

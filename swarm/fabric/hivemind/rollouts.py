@@ -8,7 +8,6 @@ learner side (`RolloutInbox`) is rollouts/inbox.py's InboxCore served on a strea
 
 from __future__ import annotations
 
-
 import asyncio
 import logging
 from typing import Sequence
@@ -16,9 +15,9 @@ from typing import Sequence
 import msgpack
 
 from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
+from swarm.fabric.rollouts.inbox import InboxCore
 from swarm.fabric.rollouts.wire import encode_group
 from swarm.rollouts import RolloutGroup
-from swarm.fabric.rollouts.inbox import InboxCore
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,11 @@ from typing import Callable
 
 import msgpack
 
+from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.weights.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import (
-    MAX_WAITERS,
     FORWARD_PIECE_BYTES,
+    MAX_WAITERS,
     SLOT_WAIT_S,
     ChunkCutOff,
     ChunkFeed,
@@ -26,13 +27,21 @@ from swarm.fabric.weights.chunks import (
     slot_share,
     takes_slot,
 )
-from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
-from swarm.fabric.weights.upload_slots import UploadSlots
 from swarm.fabric.weights.delta import (
     MAX_PAYLOAD_BYTES,
     CorruptVersion,
 )
-from swarm.fabric.weights.versions import HEADER_LIMIT, RebuildingClient, VersionStore, WEIGHT_REQUEST_LIMIT, check_payload_count, check_payload_size, refuse_unless_ok, send_deadline
+from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.versions import (
+    HEADER_LIMIT,
+    WEIGHT_REQUEST_LIMIT,
+    RebuildingClient,
+    VersionStore,
+    check_payload_count,
+    check_payload_size,
+    refuse_unless_ok,
+    send_deadline,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from typing import Iterable
+
 from swarm.config import split_host_port
 
 

@@ -16,7 +16,6 @@ validator already proved were written by that key.
 
 from __future__ import annotations
 
-
 import base64
 import binascii
 import json
@@ -26,7 +25,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from swarm.fabric.signing import owner_key, public_key
-
 
 MAX_CERTIFICATE_CHARS = 4096  # two RSA-2048 keys and a signature in base64 come to about 1.6 kB
 

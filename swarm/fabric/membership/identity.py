@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from swarm.model.embedded import cache_root
 
 

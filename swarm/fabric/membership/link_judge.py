@@ -24,12 +24,10 @@ MEMORY chains: a slow uplink, last, is tried again after that.
 
 from __future__ import annotations
 
-
 import hashlib
 import statistics
 from collections import OrderedDict
 from typing import Iterable
-
 
 RATE_MIN_BYTES = 1 << 20  # a smaller fetch says little of a link: its start costs more than its bytes
 MEMORY = 8  # versions whose chains and fetch rates are kept: a sampler judged slow stays so this long

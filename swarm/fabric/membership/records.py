@@ -14,7 +14,6 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, co
 from swarm import __version__
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS
 
-
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
 MAX_HOLDS_LISTED = 16  # versions a membership record lists as held (the newest)

@@ -18,7 +18,6 @@ grpc/rollouts.py feed it frames):
 
 from __future__ import annotations
 
-
 import asyncio
 import logging
 import queue
@@ -27,7 +26,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-
 
 from swarm.config import TrainingSettings, default_of
 from swarm.fabric.rollouts.bans import PeerBans

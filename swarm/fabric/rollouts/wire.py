@@ -19,7 +19,6 @@ A group on the wire (keys are short to keep frames small):
 
 from __future__ import annotations
 
-
 import math
 import uuid
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import msgpack
 import numpy as np
 
 from swarm.rollouts import RolloutGroup
-
 
 WIRE_VERSION = 1
 

@@ -27,15 +27,14 @@ one overtook is not sent at all: a queue of stale pushes cannot build up behind 
 
 from __future__ import annotations
 
-
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
-from swarm.fabric.weights.announcements import Announced, newest_authorised
 from swarm.fabric.signing import MAX_CLOCK_SKEW_S, signed_value, unpacked, verify_owner_signature
+from swarm.fabric.weights.announcements import Announced, newest_authorised
 
 logger = logging.getLogger(__name__)
 

@@ -7,17 +7,15 @@ only under the run's owner keys or a key they certified (membership/authority.py
 
 
 import logging
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
 
 from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist, constr
 
 from swarm.config import GenerationSettings, default_of
-from swarm.fabric.weights.chunks import KINDS, TOKEN_PATTERN, ChunkSpec
-from dataclasses import field
-from typing import Iterable
-from swarm.fabric.membership.records import MAX_HOLDS_LISTED
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS, authorises
+from swarm.fabric.membership.records import MAX_HOLDS_LISTED
+from swarm.fabric.weights.chunks import KINDS, TOKEN_PATTERN, ChunkSpec
 
 logger = logging.getLogger(__name__)
 

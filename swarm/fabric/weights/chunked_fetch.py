@@ -42,7 +42,6 @@ plans that differ (adopted chunks, owners passed over) cost the learner about on
 
 from __future__ import annotations
 
-
 import logging
 import random
 import threading
@@ -52,11 +51,11 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected
 from swarm.fabric.membership.link_judge import LinkJudge
+from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected
+from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.versions import send_deadline
-from swarm.fabric.weights.delta import CorruptVersion
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ the learner by that much.
 
 from __future__ import annotations
 
-
 import hashlib
 import re
 import threading
@@ -40,9 +39,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
-
+from swarm.fabric.weights.upload_slots import HolderBusy
 
 KINDS = ("delta", "snapshot")
 DIGEST_BYTES = 32  # sha256

@@ -47,7 +47,6 @@ the msgpack body through zlib (packed_stream.py) instead of building it whole.
 
 from __future__ import annotations
 
-
 import hashlib
 import math
 import os
@@ -73,6 +72,7 @@ from swarm.fabric.weights.value_classes import (
     ordered,
     target_index,
 )
+
 # varint_encode and varint_decode are part of this module's interface too (the tests and benchmarks use them)
 from swarm.fabric.weights.varints import (
     Inline,
@@ -83,7 +83,6 @@ from swarm.fabric.weights.varints import (
     varint_sizes,
     zigzag,
 )
-
 
 FORMAT = 3
 # No weight payload, received or decompressed, may be larger than this: a hostile holder must not

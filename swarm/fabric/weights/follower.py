@@ -21,7 +21,6 @@ number of versions behind (`lag_steps`): see `usable_version`.
 
 from __future__ import annotations
 
-
 import logging
 import random
 import threading
@@ -29,15 +28,15 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
+from swarm.config.learner_keys import encode_learner_key
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
 from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
 from swarm.fabric.weights.chunks import ChunkSpec
+from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.versions import FetchResult, VersionStore
-from swarm.fabric.weights.delta import CorruptVersion
 from swarm.progress import Progress, ProgressTask
-from swarm.config.learner_keys import encode_learner_key
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ from typing import Iterator
 
 import msgpack
 
-
 # bytes handed to zlib per call
 FEED = 1 << 20
 

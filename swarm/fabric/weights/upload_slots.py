@@ -9,7 +9,6 @@ import threading
 import time
 from collections import Counter
 
-
 SHARE_UNITS = 1 << 20  # a slot's parts: shares are counted in whole units, so taking and releasing add up exactly
 
 

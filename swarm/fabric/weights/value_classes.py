@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
 # position classes: (first class id, number of classes, shift of the exponent field, its mask) per dtype
 CLASSES = {torch.bfloat16: (0, 256, 7, 0xFF), torch.float32: (256, 256, 23, 0xFF), torch.float16: (512, 32, 10, 0x1F),
            torch.int64: (544, 1, 0, 0), torch.int32: (545, 1, 0, 0), torch.uint8: (546, 1, 0, 0), torch.bool: (547, 1, 0, 0)}

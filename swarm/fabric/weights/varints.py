@@ -9,7 +9,6 @@ from concurrent.futures import Future
 
 import numpy as np
 
-
 _SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _DECODE_BYTES = 1 << 18  # varint bytes decoded at once (bounds the decoder's temporaries)
 

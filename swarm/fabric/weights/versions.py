@@ -29,7 +29,6 @@ from swarm.fabric.weights.chunks import (
     answer_limit,
     chunk_request,
 )
-from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.delta import (
     MAX_PAYLOAD_BYTES,
     CorruptVersion,
@@ -39,6 +38,7 @@ from swarm.fabric.weights.delta import (
     non_finite_tensors,
     state_hash,
 )
+from swarm.fabric.weights.upload_slots import HolderBusy
 
 logger = logging.getLogger(__name__)
 
