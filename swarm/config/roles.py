@@ -26,6 +26,7 @@ from swarm.config.settings import (
     check_announce_addr,
     check_bootstrap_peers,
 )
+from swarm.staleness import DelayDistribution, SecondsDelay
 
 ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a config file may hold
 
@@ -142,8 +143,6 @@ class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings,
     @field_validator("pickup_delay")
     @classmethod
     def _delay(cls, spec: str) -> str:
-        from swarm.staleness import SecondsDelay
-
         SecondsDelay.parse(spec)
         return spec
 
@@ -165,8 +164,6 @@ class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSett
     @field_validator("delay")
     @classmethod
     def _delay(cls, spec: str) -> str:
-        from swarm.staleness import DelayDistribution
-
         DelayDistribution.parse(spec)
         return spec
 
