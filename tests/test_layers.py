@@ -1,6 +1,6 @@
 """The structure the layers rest on: the import contracts hold (import-linter, as CI runs it), no
-module imports another module's private names, and `--help` is grouped, with choices and the
-TRL-style names and their aliases."""
+circle among modules, no module imports another module's private names, and `--help` is grouped,
+with choices and the TRL-style names and their aliases."""
 
 import ast
 import subprocess
@@ -34,6 +34,19 @@ def test_no_module_imports_private_names_of_another():
                     found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_no_import_circle():
+    """No circle among the project's modules (benchmarks/import_graph.py: every import counted, those
+    inside functions and under TYPE_CHECKING too): each module can be read, and moved, on its own."""
+    from benchmarks.import_graph import circles, module_graph, read_project
+
+    edges = module_graph(read_project())
+    # TODO(fabric move): drop the fabric exclusion (the grpc_peer/grpc_weights circle, and the
+    # config -> fabric.identity -> model.embedded link, until identity.py imports swarm.paths)
+    outside = {m: {t for t in targets if not t.startswith("swarm.fabric")} for m, targets in edges.items()
+               if not m.startswith("swarm.fabric")}
+    assert circles(outside) == []
 
 
 def swarm_help(*args: str) -> str:

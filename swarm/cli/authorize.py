@@ -12,6 +12,14 @@ from pathlib import Path
 import click
 
 from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
+from swarm.fabric.authority import issue, subkey_of
+from swarm.fabric.identity import (
+    decode_learner_key,
+    encode_learner_key,
+    identity_dir_or_default,
+    load_existing_signing_key,
+    load_or_create_signing_key,
+)
 
 
 @click.command("authorize", cls=GroupedCommand)
@@ -25,9 +33,6 @@ from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
               help="write the certificate to this file (mode 0600) instead of printing it")
 def authorize_command(owner_key_file, learner_key, run_id, out):
     """Certify a learner's key for a run: prints the certificate it passes as `--certificate`."""
-    from swarm.fabric.authority import issue
-    from swarm.fabric.identity import decode_learner_key, load_existing_signing_key
-
     with user_errors():
         owner = load_existing_signing_key(owner_key_file)
         cert = issue(owner, run_id, decode_learner_key(learner_key.strip()))
@@ -49,9 +54,6 @@ def authorize_command(owner_key_file, learner_key, run_id, out):
 def learner_key_command(identity_dir, new_owner):
     """Print the key a learner started from this machine's identity directory runs with (the run
     owner certifies it with `swarm authorize`)."""
-    from swarm.fabric.authority import subkey_of
-    from swarm.fabric.identity import encode_learner_key, identity_dir_or_default, load_or_create_signing_key
-
     with user_errors():
         if new_owner is not None:
             if new_owner.exists():
