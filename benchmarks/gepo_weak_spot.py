@@ -1,7 +1,7 @@
 """GEPO's weak spot (GitHub issue #19, item 4): at maximum staleness 8 GEPO ends below GRPO and its
 learner drifts about 3x further from its samplers. This benchmark runs the staleness study's
 harness (benchmarks/staleness.py, the in-process trainer) on GEPO variants with per-step
-diagnostics switched on (swarm/losses/diagnostics.py), to find out why.
+diagnostics switched on (swarm/losses/step_diagnostics.py), to find out why.
 
     python -m benchmarks.gepo_weak_spot            # the whole plan below (resumable)
     python -m benchmarks.gepo_weak_spot --quick    # gepo and grpo at staleness 8, one seed, 20 steps

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Callable
 
 from swarm.config import BootstrapConfig
+from swarm.dashboard import peer_dashboard
+from swarm.fabric.membership.identity import default_identity_dir
+from swarm.fabric.transports import observe, start_bootstrap
+from swarm.runlog import EventLog, write_ready
+from swarm.signals import install_stop_signals
 
 
 def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = print,
                   stop: threading.Event | None = None) -> None:
     """Run until SIGINT/SIGTERM (or `stop` is set)."""
-    from swarm.fabric.membership.identity import default_identity_dir
-    from swarm.fabric.transports import start_bootstrap
-    from swarm.runlog import EventLog, write_ready
-    from swarm.signals import install_stop_signals
-
     stop = stop or threading.Event()
     install_stop_signals(stop)
     run_dir = Path(config.run_dir or f"runs/bootstrap-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -44,9 +44,6 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
             # --dashboard-port: a bootstrap node takes no part in the swarm, so it looks at it as `swarm
             # dashboard` does, through an observer joined through its own address ranked last (loopback,
             # where it listens there: this process can always dial it)
-            from swarm.dashboard import peer_dashboard
-            from swarm.fabric.transports import observe
-
             observer = observe(config.transport, run_id=config.run_id, peers=addresses[-1:])
             dashboard = peer_dashboard(config, observer, run_dir=run_dir, peers=addresses[-1:])
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,

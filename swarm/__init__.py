@@ -36,6 +36,11 @@ The library, one concept per module:
 - runlog.py          - what peers write to their run directory: ready.json, steps/events JSONL.
 - reporting.py       - --report-to: the JSONL records mirrored to TensorBoard and wandb.
 - signals.py         - SIGINT/SIGTERM stop a peer cleanly.
+
+The ground floor, importing nothing of the project (so that any module may import it):
+
+- paths.py           - where the project keeps files on the user's machine (the cache directory).
+- hub.py             - the Hugging Face hub: offline? answering? a snapshot in its cache?
 """
 
 __version__ = "0.1.0"

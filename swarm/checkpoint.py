@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from swarm.fabric.weights.delta import state_hash
+from swarm.model.loading import load_policy
 from swarm.progress import Progress, ProgressTask
 
 logger = logging.getLogger(__name__)
@@ -124,9 +126,6 @@ def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
     to what its state.json says; a damaged newer one is skipped with a `warn`ing.
     `build_learner(model, tokenizer)` makes the learner (anything with an `optimizer`) that the
     saved optimizer state is loaded into. Raises FileNotFoundError when no checkpoint is usable."""
-    from swarm.fabric.weights.delta import state_hash
-    from swarm.model.loading import load_policy
-
     found = list_checkpoints(run_dir)
     for checkpoint in reversed(found):
         try:

@@ -21,6 +21,9 @@ from typing import Sequence
 import torch
 
 from swarm.config import GenerationSettings, default_of
+from swarm.generation import SamplingParams
+from swarm.logprobs import completion_logprobs
+from swarm.rollouts import collate
 
 LOG_RATIO_CLAMP = 20.0  # as in the losses: exp stays finite for long sequences
 
@@ -45,10 +48,6 @@ def expected_advantage_errors(model, backend, scorer, groups: Sequence, problems
     """{"adv_err_gepo", "adv_err_seq", "adv_err_token", "adv_groups"} for `groups` (rollouts of one
     sampling setting) against fresh samples from `model` (the learner's current policy, wrapped by
     `backend`)."""
-    from swarm.generation import SamplingParams
-    from swarm.logprobs import completion_logprobs
-    from swarm.rollouts import collate
-
     eligible = []
     for group in groups:
         rewards = [r for r in group.rewards if r is not None]

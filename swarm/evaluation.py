@@ -9,7 +9,12 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from swarm.config import EvalSettings, GenerationSettings, TaskSettings, default_of
+from swarm.generation import SamplingParams, make_backend
+from swarm.model.device import resolve_dtype
+from swarm.model.loading import resolve_model_dir
 from swarm.progress import Progress, ProgressTask
+from swarm.rewards import RewardScorer
+from swarm.tasks import load_task
 from swarm.tasks.base import Problem, cut_at_stop
 
 
@@ -60,8 +65,6 @@ def evaluate_policy(backend, scorer, problems: Sequence[Problem], *, samples: in
     with `greedy`, temperature-0 accuracy, each completion scored up to its first stop string.
     Returns {"pass_at_1", "greedy_accuracy", "unscorable", "completion_tokens"}; `progress`
     (swarm.progress) hears of the problems done, each pass a task named after `label`."""
-    from swarm.generation import SamplingParams
-
     def task(what: str):
         return progress.task(f"{label}, {what}", total=len(problems), unit="problems") if progress is not None else nullcontext()
 
@@ -131,14 +134,7 @@ def evaluate(
     """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after). `split`
     None is the task's own evaluation split; `echo` hears which problems, before they are evaluated;
     `progress` (swarm.progress) how far the evaluation is (and the embedded policy's first build)."""
-    from swarm.generation import make_backend
-    from swarm.model.loading import resolve_model_dir
-    from swarm.rewards import RewardScorer
-    from swarm.tasks import load_task
-
     model_dir = resolve_model_dir(model, progress=progress is not None and progress.terminal)
-    from swarm.model.device import resolve_dtype
-
     dtype = resolve_dtype(dtype, device)
     options = {"device": device, "dtype": dtype} if backend_name == "transformers" else {"dtype": dtype}
     backend = make_backend(backend_name, model_dir, **options)

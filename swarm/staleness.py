@@ -24,8 +24,10 @@ import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the ring only holds tensors: importing this module (config's validators do) loads no torch
+    import torch
 
 
 @dataclass(frozen=True)

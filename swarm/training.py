@@ -17,7 +17,7 @@ from swarm.logprobs import completion_logprobs
 from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.losses.base import BatchTotals, batch_totals
-from swarm.losses.diagnostics import StepDiagnostics
+from swarm.losses.step_diagnostics import StepDiagnostics
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
@@ -144,7 +144,7 @@ class LearnerCore:
         self.update_lock = contextlib.nullcontext()
         self._diagnostics_state: dict = {}  # the previous step's gradient and update, for step_diagnostics
 
-    # Per-step gradient and movement diagnostics (swarm/losses/diagnostics.py: StepDiagnostics): the
+    # Per-step gradient and movement diagnostics (swarm/losses/step_diagnostics.py: StepDiagnostics): the
     # positive- and negative-advantage parts' gradient norms, the update's size and direction, KL by
     # staleness. Off: they cost three extra backward passes and one forward. Set True to turn on
     # (benchmarks/gepo_weak_spot.py does, for the whole process).

@@ -1,6 +1,6 @@
 """The structure the layers rest on: the import contracts hold (import-linter, as CI runs it), no
-module imports another module's private names, and `--help` is grouped, with choices and the
-TRL-style names and their aliases."""
+circle among modules, no module imports another module's private names, and `--help` is grouped,
+with choices and the TRL-style names and their aliases."""
 
 import ast
 import subprocess
@@ -34,6 +34,31 @@ def test_no_module_imports_private_names_of_another():
                     found += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
                               if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == []
+
+
+def test_no_import_circle():
+    """No circle among the project's modules (benchmarks/import_graph.py: every import counted, those
+    inside functions and under TYPE_CHECKING too): each module can be read, and moved, on its own."""
+    from benchmarks.import_graph import circles, graph, module_graph, read_project
+
+    project = read_project()
+    assert circles(module_graph(project)) == []
+    for package in ("swarm", "swarm.fabric"):  # nor among the library's parts, nor the fabric's rooms
+        assert circles(graph(project, package)) == [], package
+
+
+# Where the project's own modules may still be imported inside a function: the CLI's commands load
+# what pulls in torch only when they run (`swarm --help` stays fast), and transports.py is the one
+# place a transport is imported, when it is chosen.
+LAZY_IMPORTERS = ("swarm.cli", "swarm.fabric.transports")
+
+
+def test_the_project_imports_its_own_modules_at_the_top_of_each_file():
+    from benchmarks.import_graph import read_project
+
+    inside = [f"{i.source}:{i.line} imports {i.target}" for i in read_project().imports
+              if i.in_function and not i.source.startswith(LAZY_IMPORTERS)]
+    assert inside == []
 
 
 def swarm_help(*args: str) -> str:

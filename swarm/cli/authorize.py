@@ -12,6 +12,10 @@ from pathlib import Path
 import click
 
 from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
+from swarm.config.learner_keys import decode_learner_key, encode_learner_key
+from swarm.fabric.membership.authority import issue
+from swarm.fabric.membership.identity import identity_dir_or_default, load_existing_signing_key, load_or_create_signing_key
+from swarm.fabric.signing import owner_key
 
 
 @click.command("authorize", cls=GroupedCommand)
@@ -25,10 +29,6 @@ from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
               help="write the certificate to this file (mode 0600) instead of printing it")
 def authorize_command(owner_key_file, learner_key, run_id, out):
     """Certify a learner's key for a run: prints the certificate it passes as `--certificate`."""
-    from swarm.fabric.membership.authority import issue
-    from swarm.config.learner_keys import decode_learner_key
-    from swarm.fabric.membership.identity import load_existing_signing_key
-
     with user_errors():
         owner = load_existing_signing_key(owner_key_file)
         cert = issue(owner, run_id, decode_learner_key(learner_key.strip()))
@@ -50,10 +50,6 @@ def authorize_command(owner_key_file, learner_key, run_id, out):
 def learner_key_command(identity_dir, new_owner):
     """Print the key a learner started from this machine's identity directory runs with (the run
     owner certifies it with `swarm authorize`)."""
-    from swarm.fabric.signing import owner_key
-    from swarm.config.learner_keys import encode_learner_key
-    from swarm.fabric.membership.identity import identity_dir_or_default, load_or_create_signing_key
-
     with user_errors():
         if new_owner is not None:
             if new_owner.exists():

@@ -13,7 +13,10 @@ import click
 from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
 from swarm.cli.peer_commands import observe_swarm, swarm_option
 from swarm.config import TRANSPORTS, default_of
+from swarm.config.learner_keys import decode_learner_key
 from swarm.config.settings import DashboardSettings
+from swarm.dashboard import LiveDashboard
+from swarm.signals import install_stop_signals
 
 
 @click.command("dashboard", cls=GroupedCommand)
@@ -38,10 +41,6 @@ from swarm.config.settings import DashboardSettings
 def dashboard_command(peers, run_id, transport, learner_keys, run_dirs, host, port, poll_s):
     """Serve a live web page of the swarm: peers, the learner's curves, each sampler's lag over time,
     and how fast each version reached each sampler. Read-only; Ctrl-C stops it."""
-    from swarm.dashboard import LiveDashboard
-    from swarm.config.learner_keys import decode_learner_key
-    from swarm.signals import install_stop_signals
-
     with user_errors(ValueError):  # a bad --learner-key is a usage error
         keys = [decode_learner_key(k) for k in (*learner_keys, *_learner_key_files(run_dirs))]
     stop = threading.Event()

@@ -13,8 +13,11 @@ import json
 import time
 from pathlib import Path
 
+from swarm.cli.launcher import LocalSwarm
+from swarm.cli.plots import plot_run
 from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings, TrainingSettings
 from swarm.config.settings import ReportSettings
+from swarm.progress import progress_for
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
 
 # What the demo's samplers are told beyond the shared settings, and how often they report.
@@ -36,7 +39,7 @@ def peer_settings(config: DemoConfig) -> dict:
 
 
 def _eval(model: str, config: DemoConfig) -> dict:
-    from swarm.evaluation import evaluate
+    from swarm.evaluation import evaluate  # torch: imported when the demo runs, not at `swarm --help`
 
     result = evaluate(model, config.task, limit=config.eval_problems, samples=config.eval_samples,
                       temperature=config.temperature, max_completion_length=config.max_completion_length,
@@ -74,9 +77,7 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
     import yaml
     from rich.live import Live
 
-    from swarm.checkpoint import latest_checkpoint
-    from swarm.cli.launcher import LocalSwarm
-    from swarm.cli.plots import plot_run
+    from swarm.checkpoint import latest_checkpoint  # torch: imported when the demo runs, not at `swarm --help`
 
     console.print(f"[bold]swarm demo[/]: a bootstrap node, a learner ({config.loss.name}) and {config.samplers} samplers as "
                   f"processes on 127.0.0.1 over {config.transport}; logs in {run_dir / 'logs'}")
@@ -140,9 +141,7 @@ def run_in_process_demo(config: DemoConfig, run_dir: Path) -> dict:
 
     from rich.console import Console
 
-    from peers.trainer import run_trainer
-    from swarm.cli.plots import plot_run
-    from swarm.progress import progress_for
+    from peers.trainer import run_trainer  # torch: imported when the demo runs, not at `swarm --help`
 
     console = Console(stderr=True)
     console.print(f"[bold]swarm demo[/]: {config.loss.name} on {config.model}, {config.steps} steps of "

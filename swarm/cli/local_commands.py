@@ -11,8 +11,12 @@ from pathlib import Path
 
 import click
 
+from swarm.cli.demo import print_result, run_in_process_demo, run_swarm_demo
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
+from swarm.cli.plots import plot_steps
 from swarm.config import DemoConfig, EvalConfig
+from swarm.progress import progress_for
+from swarm.runlog import STEPS_FILE, read_jsonl
 
 
 @click.command("eval", cls=GroupedCommand)
@@ -23,8 +27,7 @@ def eval_command(config_file, as_json, **options):
 
     Reads a dataset's own test split, every row of a single file, or the arithmetic test split
     (--split chooses), and says which problems before it starts."""
-    from swarm.evaluation import evaluate
-    from swarm.progress import progress_for
+    from swarm.evaluation import evaluate  # torch: imported when `swarm eval` runs, not at `swarm --help`
 
     config = config_from_options("eval", config_file, options)
     with user_errors(OSError, ImportError):  # an unreadable file, a missing optional extra (--backend vllm)
@@ -65,8 +68,6 @@ def demo_command(config_file, **options):
     --in-process, trains in this one process instead."""
     from rich.console import Console
 
-    from swarm.cli.demo import print_result, run_in_process_demo, run_swarm_demo
-
     config = config_from_options("demo", config_file, options)
     run_dir = Path(config.run_dir or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):
@@ -106,9 +107,6 @@ def _interrupt_on(*signals: int) -> None:
 def plot_command(run_dir: Path, output: Path | None):
     """Draw a run's curves from its steps.jsonl: a learner's or the in-process trainer's run directory,
     or a demo's (its learner/ subdirectory)."""
-    from swarm.cli.plots import plot_steps
-    from swarm.runlog import STEPS_FILE, read_jsonl
-
     found = next((d for d in (run_dir, run_dir / "learner") if (d / STEPS_FILE).is_file()), None)
     if found is None:
         raise click.UsageError(f"{run_dir} holds no {STEPS_FILE} (nor learner/{STEPS_FILE}): pass the run directory of a "

@@ -19,6 +19,8 @@ from pathlib import Path
 import click
 from pydantic import BaseModel
 
+from swarm.config import resolve
+
 # option names kept short or singular where the field name reads badly on a command line
 OPTION_NAMES = {"learner_keys": "--learner-key", "max_age_s": "--max-age", "name": "--loss"}
 SHORT_NAMES = {"eval_samples": "-k"}  # pass@k's k, as `swarm eval -k 4` has always read
@@ -141,8 +143,6 @@ def validation_message(exc) -> str:
 
 def config_from_options(role: str, config_file, options: dict):
     """The validated config of `role`; bad values and bad config files are usage errors (exit 2)."""
-    from swarm.config import resolve
-
     with user_errors():
         return resolve(role, Path(config_file) if config_file else None, given_values(options))
 

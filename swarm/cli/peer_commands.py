@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,12 +14,15 @@ import click
 
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
 from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings, default_of
+from swarm.dashboard.live import status_rows as rows_of
+from swarm.health import status_flags, swarm_args
+from swarm.progress import progress_for
 
 
 def _join_failures() -> tuple[type[BaseException], ...]:
     """What makes a peer fail while starting or running, reported in one line (exit status 1): the
     swarm cannot be reached, a port is taken, an optional extra is missing."""
-    from swarm.fabric.interface import JoinError
+    from swarm.fabric.interface import JoinError  # torch (through swarm.rollouts): not at `swarm --help`
 
     return (JoinError, TimeoutError, OSError, ImportError)
 
@@ -26,10 +30,6 @@ def _join_failures() -> tuple[type[BaseException], ...]:
 def _progress():
     """A peer's progress of long steps (checkpoints, downloads): a bar on a terminal, else lines
     among its output."""
-    import sys
-
-    from swarm.progress import progress_for
-
     return progress_for(sys.stdout, echo=click.echo)
 
 
@@ -40,7 +40,7 @@ def bootstrap_command(config_file, **options):
 
     Writes RUN_DIR/ready.json (its addresses) and a status record to RUN_DIR/events.jsonl every
     --status-every-s seconds."""
-    from bootstrap.node import run_bootstrap
+    from bootstrap.node import run_bootstrap  # torch (through swarm.fabric.transports): not at `swarm --help`
 
     config = config_from_options("bootstrap", config_file, options)
     with user_errors(*_join_failures()):
@@ -55,7 +55,7 @@ def learner_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     resolved configuration is written to the run directory as config.yaml, beside ready.json
     (peer id, addresses, learner key), steps.jsonl and events.jsonl."""
-    from peers.learner import run_learner
+    from peers.learner import run_learner  # torch: not at `swarm --help`
 
     config = config_from_options("learner", config_file, options)
     if config.run_dir is None:
@@ -74,7 +74,7 @@ def sampler_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     run directory gets config.yaml, ready.json and events.jsonl (versions fetched, groups sent
     and refused, throughput)."""
-    from peers.sampler import run_sampler
+    from peers.sampler import run_sampler  # torch: not at `swarm --help`
 
     config = config_from_options("sampler", config_file, options)
     with user_errors(*_join_failures()):
@@ -102,8 +102,6 @@ def status_command(peers, run_id, transport, as_json, watch):
     """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer; then
     what looks wrong (late heartbeats, refused rollouts, a stalled learner, versions no sampler has
     picked up), each with the command that shows more."""
-    from swarm.health import status_flags, swarm_args
-
     with observe_swarm(transport, run_id, peers) as observer:
         try:
             while True:
@@ -151,7 +149,7 @@ def observe_swarm(transport: str, run_id: str, peers) -> Iterator:
     """An observer of the swarm (`swarm.fabric.transports.observe`: it reads records and announcements
     and takes no part), shut down on exit; a swarm that cannot be reached is a one-line error.
     `swarm status` and `swarm dashboard` look at the swarm through this."""
-    from swarm.fabric.transports import observe
+    from swarm.fabric.transports import observe  # torch (through swarm.fabric.interface): not at `swarm --help`
 
     with user_errors(*_join_failures()):
         observer = observe(transport, run_id=run_id, peers=list(peers))
@@ -164,8 +162,6 @@ def observe_swarm(transport: str, run_id: str, peers) -> Iterator:
 def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
     """The learner's version and one row per member, as `swarm status --json` prints them: the
     library's `swarm.dashboard.live.status_rows` (a peer's own dashboard shows the same rows)."""
-    from swarm.dashboard.live import status_rows as rows_of
-
     return rows_of(now, members)
 
 

@@ -9,15 +9,16 @@ from typing import Literal, Optional
 from pydantic import field_validator, model_validator
 
 from swarm.config.base import Settings, aliased, same_as, setting
+from swarm.config.learner_keys import decode_learner_key
 from swarm.config.settings import (
     GENERATION_BACKENDS,
+    TRANSPORTS,
     DashboardSettings,
     DeviceSettings,
-    TRANSPORTS,
     Directory,
-    ListenHost,
     EvalSettings,
     GenerationSettings,
+    ListenHost,
     LossConfig,
     ReportSettings,
     SwarmSettings,
@@ -26,6 +27,7 @@ from swarm.config.settings import (
     check_announce_addr,
     check_bootstrap_peers,
 )
+from swarm.staleness import DelayDistribution, SecondsDelay
 
 ROLES = ("learner", "sampler", "bootstrap", "demo", "eval")  # the tables a config file may hold
 
@@ -123,8 +125,6 @@ class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings,
 
     @model_validator(mode="after")
     def _need_keys(self):
-        from swarm.config.learner_keys import decode_learner_key
-
         keys = list(self.learner_keys)
         if self.learner_key_file is not None:
             try:
@@ -142,8 +142,6 @@ class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings,
     @field_validator("pickup_delay")
     @classmethod
     def _delay(cls, spec: str) -> str:
-        from swarm.staleness import SecondsDelay
-
         SecondsDelay.parse(spec)
         return spec
 
@@ -165,8 +163,6 @@ class TrainerConfig(TaskSettings, TrainingSettings, GenerationSettings, EvalSett
     @field_validator("delay")
     @classmethod
     def _delay(cls, spec: str) -> str:
-        from swarm.staleness import DelayDistribution
-
         DelayDistribution.parse(spec)
         return spec
 

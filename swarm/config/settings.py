@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Optional, Sequence
 from pydantic import AfterValidator, field_validator, model_validator
 
 from swarm.config.base import Settings, setting
+from swarm.reporting import check_report_to
 
 TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly these
 GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
@@ -308,8 +309,6 @@ class ReportSettings(Settings):
     @field_validator("report_to")
     @classmethod
     def _sinks_installed(cls, sinks: list[str]) -> list[str]:
-        from swarm.reporting import check_report_to
-
         return check_report_to(sinks)
 
 

@@ -2,8 +2,8 @@
 
 - base.py                  - SamplingParams, Generation (one prompt's G completions) and the protocol.
 - transformers_backend.py  - batched sampling with `model.generate`, CPU or GPU.
-- vllm_backend.py          - vLLM engine with in-place weight updates (GPU; optional extra; imported
-                             only when chosen, and not yet run on a GPU by this project's tests).
+- vllm_backend.py          - vLLM engine with in-place weight updates (GPU; optional extra: vllm itself
+                             is imported only when chosen, and not yet run on a GPU by this project's tests).
 
 `make_backend(name, ...)` is the one place a backend is chosen.
 """
@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 from swarm.generation.base import Generation, GenerationBackend, SamplingParams
+from swarm.generation.transformers_backend import TransformersBackend
+from swarm.generation.vllm_backend import VLLMBackend
 
 BACKENDS = ("transformers", "vllm")
 
@@ -18,12 +20,8 @@ BACKENDS = ("transformers", "vllm")
 def make_backend(name: str, model_dir: str, **kwargs) -> GenerationBackend:
     """Create the named backend for a model directory (vLLM is imported only if chosen)."""
     if name == "transformers":
-        from swarm.generation.transformers_backend import TransformersBackend
-
         return TransformersBackend.from_pretrained(model_dir, **kwargs)
     if name == "vllm":
-        from swarm.generation.vllm_backend import VLLMBackend
-
         return VLLMBackend(model_dir, **kwargs)
     raise ValueError(f"unknown generation backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 

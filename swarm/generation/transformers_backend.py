@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 import torch
 
 from swarm.generation.base import Generation, SamplingParams
+from swarm.model.loading import load_policy
 
 
 class TransformersBackend:
@@ -27,8 +28,6 @@ class TransformersBackend:
 
     @classmethod
     def from_pretrained(cls, model_dir: str, *, device: str = "cpu", dtype: str = "float32", batch_size: int = 64):
-        from swarm.model.loading import load_policy
-
         model, tokenizer = load_policy(model_dir, device=device, dtype=dtype)
         return cls(model, tokenizer, batch_size=batch_size)
 

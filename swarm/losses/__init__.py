@@ -9,6 +9,9 @@
 - group_level.py     - gepo.
 - off_policy.py      - m2po, decoupled_ppo, tis_mis, opsm: objectives built for stale rollouts (and
                        why VCPO is not one of them).
+- diagnostics.py     - per-loss metrics by sign of advantage (clip fractions, GEPO's weight split).
+- step_diagnostics.py - per-step gradient and movement measures (`StepDiagnostics`); above the loss
+                       modules, since it computes whichever loss is configured.
 """
 
 from swarm.losses.base import LossInputs, LossOutputs

@@ -15,11 +15,14 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+
+from swarm.model.tokenizer import build_tokenizer
+from swarm.paths import models_cache
+from swarm.tasks.synthetic import ArithmeticTask
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "embedded_policy"
 RECIPE_FILE = "gepo_swarm_recipe.json"
@@ -59,13 +62,6 @@ def recipe_hash() -> str:
     return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cache_root() -> Path:
-    root = os.environ.get("GEPO_SWARM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "gepo-swarm"
-    )
-    return Path(root)
-
-
 def shipped_recipe_hash() -> str | None:
     try:
         return json.loads((SHIPPED_DIR / RECIPE_FILE).read_text())["recipe_hash"]
@@ -78,7 +74,7 @@ def embedded_model_dir(*, progress: bool = True) -> Path:
     build (made first if needed; safe when several processes ask at once)."""
     if shipped_recipe_hash() == recipe_hash() and (SHIPPED_DIR / "model.safetensors").exists():
         return SHIPPED_DIR
-    target = cache_root() / "models" / f"tiny-qwen3-{recipe_hash()}"
+    target = models_cache() / f"tiny-qwen3-{recipe_hash()}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -107,9 +103,6 @@ def new_tiny_qwen3(vocab_size: int, pad_token_id: int, eos_token_id: int):
 def build_embedded_model(out_dir: Path, *, progress: bool = True) -> None:
     import torch
     from rich.progress import Progress
-
-    from swarm.model.tokenizer import build_tokenizer
-    from swarm.tasks.synthetic import ArithmeticTask
 
     ws = RECIPE["warm_start"]
     torch.manual_seed(ws["seed"])

@@ -37,6 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarm.paths import models_cache
+from swarm.tasks.synthetic import ArithmeticTask
+
 RECIPE_FILE = "gepo_swarm_midsize.json"
 DEFAULT_PARAMS = 50_000_000
 VOCAB_TARGET = 8192
@@ -225,8 +228,6 @@ def _prose(rng: random.Random) -> str:
 def make_corpus(seed: int = 0, target_bytes: int = CORPUS_BYTES) -> list[str]:
     """Documents of generated text, about `target_bytes` in all: arithmetic prompts with boxed
     answers (the task's own format), word problems with worked answers, and prose."""
-    from swarm.tasks.synthetic import ArithmeticTask
-
     rng = random.Random(seed)
     docs: list[str] = []
     for difficulty in (1, 2, 3, 4):
@@ -342,9 +343,7 @@ def build_midsize_model(out_dir, *, params_target: int = DEFAULT_PARAMS, seed: i
 def midsize_model_dir(*, params_target: int = DEFAULT_PARAMS, seed: int = 0) -> Path:
     """The cached build for (params_target, seed), made first if needed (safe when several
     processes ask at once: one builds, the others wait and reuse it)."""
-    from swarm.model.embedded import cache_root
-
-    target = cache_root() / "models" / f"midsize-qwen3-{params_target // 1_000_000}m-{recipe_hash(params_target, seed)}"
+    target = models_cache() / f"midsize-qwen3-{params_target // 1_000_000}m-{recipe_hash(params_target, seed)}"
     if (target / RECIPE_FILE).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -9,15 +9,14 @@
 from __future__ import annotations
 
 from swarm.tasks.base import SPLITS, Problem, Task, build_prompt, cut_at_stop, shard_for_sampler
+from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, looks_local
+from swarm.tasks.synthetic import ArithmeticTask
 
 BUILTIN_TASKS = ("arithmetic",)
 
 
 def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, stop_strings=(), **dataset_options) -> Task:
     """"arithmetic" (the built-in task), or a dataset id / local file or directory for `DatasetTask`."""
-    from swarm.tasks.dataset import LOCAL_FORMATS, DatasetTask, looks_local
-    from swarm.tasks.synthetic import ArithmeticTask
-
     if name_or_path == "arithmetic":
         return ArithmeticTask(difficulty=difficulty, stop_strings=tuple(stop_strings))
     if looks_local(name_or_path) or "/" in name_or_path:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from swarm.config import TaskSettings, default_of
+from swarm.hub import hub_offline, hub_unreachable
 from swarm.tasks.base import DEFAULT_TEMPLATE, SPLITS, Problem, build_prompt, check_template
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -130,8 +131,6 @@ class DatasetTask:
             if not Path(self._location).exists():
                 raise FileNotFoundError(f"dataset directory {self._location} does not exist")
             return
-        from swarm.model.loading import hub_offline, hub_unreachable
-
         reason = None if hub_offline() else hub_unreachable()
         if reason:
             raise ConnectionError(

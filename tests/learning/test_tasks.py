@@ -369,7 +369,7 @@ def test_a_silent_hub_is_given_up_on_within_the_check_time(monkeypatch):
 
     from huggingface_hub import constants
 
-    from swarm.model.loading import hub_unreachable
+    from swarm.hub import hub_unreachable
 
     with socket.create_server(("127.0.0.1", 0)) as silent:
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")

@@ -1,7 +1,7 @@
-"""Diagnostics of the clipped objectives (swarm/losses/diagnostics.py; issue #19, item 4): clip
-fractions and gradient coefficients by sign of advantage, GEPO's weight split into its on-policy
-factor and the sequence's own ratio, and the per-step gradient and movement measures. Values worked
-by hand; the coefficient shares checked against autograd's gradient."""
+"""Diagnostics of the clipped objectives (swarm/losses/diagnostics.py, step_diagnostics.py; issue #19,
+item 4): clip fractions and gradient coefficients by sign of advantage, GEPO's weight split into its
+on-policy factor and the sequence's own ratio, and the per-step gradient and movement measures.
+Values worked by hand; the coefficient shares checked against autograd's gradient."""
 
 import copy
 import math
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from swarm.losses import LossConfig, LossInputs, compute_loss
-from swarm.losses.diagnostics import StepDiagnostics, gepo_weight_metrics, sign_split_metrics
+from swarm.losses.diagnostics import gepo_weight_metrics, sign_split_metrics
+from swarm.losses.step_diagnostics import StepDiagnostics
 
 
 def three_completion_group(requires_grad=True):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from swarm.model.embedded import cache_root
+from swarm.paths import cache_root
 
 
 def default_identity_dir() -> Path:
