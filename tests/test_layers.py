@@ -18,6 +18,14 @@ def test_import_contracts_hold():
     assert "4 kept, 0 broken" in out.stdout
 
 
+def test_no_contract_layer_lets_its_modules_import_each_other():
+    """A `:` layer lets its modules import each other, so a circle among them would pass unseen."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert [layer for c in contracts for layer in c.get("layers", []) if ":" in layer] == []
+
+
 def test_pyflakes_finds_nothing():
     """Unused imports, undefined names and the like (ruff's F rules, as pyproject.toml selects)."""
     out = subprocess.run([str(Path(sys.executable).with_name("ruff")), "check", "--no-cache", *PACKAGES, "tests", "benchmarks"],
