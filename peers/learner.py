@@ -15,14 +15,39 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import statistics
 import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
-from swarm.config import LearnerConfig
+from peers.lifecycle import Peer
+from swarm.checkpoint import latest_checkpoint, load_verified, save_checkpoint
+from swarm.config import LearnerConfig, write_config
+from swarm.config.learner_keys import encode_learner_key
+from swarm.dashboard import peer_dashboard
+from swarm.fabric.interface import JoinError
+from swarm.fabric.membership.authority import parse, read_certificate
+from swarm.fabric.membership.pulse import Pulse
+from swarm.fabric.membership.records import Heartbeat
+from swarm.fabric.rollouts.bans import PeerBans
+from swarm.fabric.rollouts.wire import WireLimits
+from swarm.fabric.transports import join_with
+from swarm.fabric.weights.announcements import RunSampling
+from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.delta import non_finite_tensors, state_hash
+from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
+from swarm.intake import GroupIntake
+from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
+from swarm.model.loading import load_policy
+from swarm.progress import LineProgress
+from swarm.reporting import Reporter
+from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
+from swarm.tasks import load_problems
+from swarm.team import LearnerTeam, float32_hash
+from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
+from swarm.verification import LogprobVerifier
 
 STEP_TIMES_KEPT = 20  # the learner's usual step time is the median of this many recent steps
 
@@ -37,8 +62,6 @@ def published_version(run_dir: Path) -> int | None:
 def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
     """(run_dir, checkpoint to resume from or None); refuses to mix a fresh run into an old one.
     Makes nothing: a fresh run's directory is made once its model and task have loaded."""
-    from swarm.checkpoint import latest_checkpoint
-
     run_dir = Path(config.run_dir)
     found = latest_checkpoint(run_dir)
     if config.resume and found is None:
@@ -48,13 +71,9 @@ def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
     return run_dir, found
 
 
-def join_team(config: LearnerConfig, fabric, core, events, echo):
+def join_team(config: LearnerConfig, fabric, core, events, echo) -> LearnerTeam | None:
     """This learner's LearnerTeam (swarm.team) over hivemind; None over gRPC, which has no
     averaging (a --certificate there is refused). Checks the certificate names this learner and run."""
-    from swarm.fabric.membership.authority import parse, read_certificate
-    from swarm.config.learner_keys import encode_learner_key
-    from swarm.team import LearnerTeam, float32_hash
-
     certificate = read_certificate(config.certificate) if config.certificate else ""
     if fabric.transport != "hivemind":
         if certificate:
@@ -76,300 +95,369 @@ def join_team(config: LearnerConfig, fabric, core, events, echo):
     return team
 
 
-def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
-    """Run a learner until `config.steps` or `stop` (or SIGINT/SIGTERM). `echo` hears what it says;
-    `progress` (swarm.progress; default: plain lines through `echo`) how far a long checkpoint write is."""
-    import torch
+class Learner(Peer):
+    """The learner peer: `setup` loads (or resumes) the policy and joins, `step` trains on one batch
+    and publishes the new version, `heartbeat` announces it (from the pulse's thread), `checkpoint`
+    saves it, `stop` closes everything it opened.
 
-    from swarm.checkpoint import load_verified, save_checkpoint
-    from swarm.config import write_config
-    from swarm.dashboard import peer_dashboard
-    from swarm.fabric.rollouts.bans import PeerBans
-    from swarm.fabric.weights.chunked_fetch import SharerView
-    from swarm.fabric.interface import JoinError
-    from swarm.config.learner_keys import encode_learner_key
-    from swarm.fabric.membership.pulse import Pulse
-    from swarm.fabric.membership.records import Heartbeat
-    from swarm.fabric.weights.announcements import RunSampling
-    from swarm.fabric.transports import join_with
-    from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
-    from swarm.intake import GroupIntake
-    from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
-    from swarm.model.loading import load_policy
-    from swarm.fabric.weights.delta import non_finite_tensors, state_hash
-    from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
-    from swarm.signals import install_stop_signals
-    from swarm.tasks import load_problems
-    from swarm.fabric.rollouts.wire import WireLimits
-    from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
-    from swarm.verification import LogprobVerifier
+    config: the learner's settings; echo: hears what it says; stop: ends the run when set;
+    progress (swarm.progress; default: plain lines through `echo`): how far a long checkpoint write is."""
 
-    from swarm.progress import LineProgress
+    def __init__(self, config: LearnerConfig, *, echo: Callable[[str], None] = print, stop: threading.Event | None = None,
+                 progress=None) -> None:
+        super().__init__(echo=echo, stop=stop)
+        self.config = config
+        self.progress = progress or LineProgress(echo)
+        self.team: LearnerTeam | None = None
+        self.dashboard = self.pulse = None  # no pulse yet: the first version is announced in the caller's thread
+        self.started = False  # whether the training loop began: only a run that started records its stop
+        self.totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
+        # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
+        # the seconds between its recent steps
+        self.last_step, self.step_times = time.time(), deque(maxlen=STEP_TIMES_KEPT)
 
-    stop = stop or threading.Event()
-    progress = progress or LineProgress(echo)
-    install_stop_signals(stop)
-    run_dir, resume_from = check_run_dir(config)
-    torch.manual_seed(config.seed)
+    # -- set up -----------------------------------------------------------------------------------
 
-    device = resolve_device(config.device)
-    # float32 master weights and optimizer state always; bfloat16 runs forward and backward under
-    # autocast, and versions are published in it (what GPU samplers run, half the bytes)
-    dtype = resolve_dtype(config.dtype, device)
-    publish_dtype = torch_dtype(dtype)
+    def setup(self) -> None:
+        import torch
 
-    def build_learner(model, tokenizer) -> LearnerCore:
-        return LearnerCore.from_settings(model.to(device), tokenizer.pad_token_id, config,
-                                         autocast_dtype=publish_dtype if dtype != "float32" else None)
+        config = self.config
+        self.run_dir, resume_from = check_run_dir(config)
+        torch.manual_seed(config.seed)
+        self.device = resolve_device(config.device)
+        # float32 master weights and optimizer state always; bfloat16 runs forward and backward under
+        # autocast, and versions are published in it (what GPU samplers run, half the bytes)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.publish_dtype = torch_dtype(self.dtype)
+        resume_from = self._load_policy(resume_from)
+        with self.first_start_in(self.run_dir):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            write_config(config, self.run_dir / "config.yaml")
+            if not resume_from:
+                self._open_events()
+            self.fabric = self.hold(join_with(config, "learner"), close="shutdown")
+            self.team = self.hold(join_team(config, self.fabric, self.core, self.events, self.echo))
+            self._catch_up_on_joining()
+            if resume_from:
+                self._continue_after(resume_from)
+            self._open_intake()
+            self._write_ready()
+        self._greet()
+        self._start_publishing()
 
-    if resume_from:
-        events = EventLog(run_dir)
+    def _build_core(self, model, tokenizer) -> LearnerCore:
+        return LearnerCore.from_settings(model.to(self.device), tokenizer.pad_token_id, self.config,
+                                         autocast_dtype=self.publish_dtype if self.dtype != "float32" else None)
 
-        def warn(message: str) -> None:
-            events.event("damaged_checkpoint", message=message)
-            echo(f"warning: {message}")
-
-        resume_from, core, tokenizer = load_verified(run_dir, build_learner, warn=warn)
-        model, core.version = core.model, resume_from.version
-    else:
-        model, tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made
-        core = build_learner(model, tokenizer)
-    answers = {p.problem_id: p.answer for p in load_problems(config.task, config.task_options(), tokenizer=tokenizer)}
-    made = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fabric = dashboard = None
-    try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
-        write_config(config, run_dir / "config.yaml")
-        if not resume_from:
-            events = EventLog(run_dir)
-        fabric = join_with(config, "learner")
-        team = join_team(config, fabric, core, events, echo)
-        if team is not None and team.joining and not team.wait_for_others(3 * fabric.heartbeat_s + 5):
-            echo(f"no other learner of run '{config.run_id}' is up: this one starts it")  # an offline owner's first learner
-        elif team is not None and team.joining:  # one more learner: the run's state first, then its versions
-            echo(f"joining run '{config.run_id}' as one more learner: downloading the state of a running learner")
-            if not team.catch_up(max(60.0, 2 * config.averaging_timeout_s), beat_s=fabric.heartbeat_s, beat=lambda: fabric.heartbeat(
-                    Heartbeat(role="learner", model=config.model, version=core.version, certificate=fabric.certificate))):
-                raise JoinError(f"no learner of run '{config.run_id}' served its state; check that the run owner's learner "
-                                "is running and reachable through --peers, and that --certificate was issued for this run")
+    def _load_policy(self, resume_from):
+        """The model, its tokenizer, the learner core and the task's answers; the checkpoint it
+        resumed from (an older one where the newest is damaged), or None for a fresh run."""
+        config = self.config
         if resume_from:
-            own = fabric.latest_announced([fabric.public_key])
-            newest = max(v for v in (published_version(run_dir), own.version if own else None, resume_from.version) if v is not None)
-            if newest > resume_from.version:
-                echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
-                core.version = newest + 1
-            echo(f"resumed from {resume_from.path}")
-            events.event("resumed", checkpoint=str(resume_from.path), version=core.version)
-        store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
-        server = fabric.weight_server(store)
+            self._open_events()
+            resume_from, self.core, self.tokenizer = load_verified(self.run_dir, self._build_core, warn=self._warn_damaged)
+            self.model, self.core.version = self.core.model, resume_from.version
+        else:
+            self.model, self.tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made
+            self.core = self._build_core(self.model, self.tokenizer)
+        problems = load_problems(config.task, config.task_options(), tokenizer=self.tokenizer)
+        self.answers = {p.problem_id: p.answer for p in problems}
+        return resume_from
+
+    def _warn_damaged(self, message: str) -> None:
+        self.events.event("damaged_checkpoint", message=message)
+        self.echo(f"warning: {message}")
+
+    def _open_events(self) -> None:
+        self.events = EventLog(self.run_dir)
+        self.at_stop(self._close_events)  # held first: it records the stop once everything else is closed
+
+    def _close_events(self) -> None:
+        if self.started:  # a start that failed records no stop
+            self.events.event("stopped", **self.result())
+        self.events.close()
+
+    def _catch_up_on_joining(self) -> None:
+        """One more learner of a run downloads the run's state first, then follows its versions."""
+        team, fabric, config = self.team, self.fabric, self.config
+        if team is None or not team.joining:
+            return
+        if not team.wait_for_others(3 * fabric.heartbeat_s + 5):
+            self.echo(f"no other learner of run '{config.run_id}' is up: this one starts it")  # an offline owner's first learner
+            return
+        self.echo(f"joining run '{config.run_id}' as one more learner: downloading the state of a running learner")
+        if not team.catch_up(max(60.0, 2 * config.averaging_timeout_s), beat_s=fabric.heartbeat_s, beat=self._joining_beat):
+            raise JoinError(f"no learner of run '{config.run_id}' served its state; check that the run owner's learner "
+                            "is running and reachable through --peers, and that --certificate was issued for this run")
+
+    def _joining_beat(self) -> None:
+        self.fabric.heartbeat(Heartbeat(role="learner", model=self.config.model, version=self.core.version,
+                                        certificate=self.fabric.certificate))
+
+    def _continue_after(self, resume_from) -> None:
+        """Versions never go backwards: a checkpoint older than what was published continues after it."""
+        own = self.fabric.latest_announced([self.fabric.public_key])
+        newest = max(v for v in (published_version(self.run_dir), own.version if own else None, resume_from.version) if v is not None)
+        if newest > resume_from.version:
+            self.echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
+            self.core.version = newest + 1
+        self.echo(f"resumed from {resume_from.path}")
+        self.events.event("resumed", checkpoint=str(resume_from.path), version=self.core.version)
+
+    def _open_intake(self) -> None:
+        """The versions it serves, the inbox samplers send to, and the checks each group passes."""
+        config, tokenizer = self.config, self.tokenizer
+        self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
+        self.server = self.hold(self.fabric.weight_server(self.store))
         # the ids a policy can emit: its output layer's rows, which models pad past the tokenizer
         # (Qwen3: 151,936 rows for 151,669 tokens), so an honest sampler may draw a padding id
-        vocab = max(len(tokenizer), model.get_output_embeddings().weight.shape[0])
-        inbox = fabric.rollout_inbox(vocab_size=vocab, max_staleness=config.max_staleness,
-                                     # a short queue: backpressure holds samplers back instead of
-                                     # letting a backlog of old groups raise staleness
-                                     capacity=config.groups_per_step * 2,
-                                     bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
-                                     limits=WireLimits.for_run(getattr(model.config, "max_position_embeddings", None),
-                                                               config.max_completion_length))
-        verifier = LogprobVerifier(model, store.states, lock=store.lock, pad_token_id=tokenizer.pad_token_id,
-                                   fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
-        intake = GroupIntake(answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-                             stop_strings=config.stop_strings,
-                             max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=inbox.penalize,
-                             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=verifier,
-                             banned=lambda peer: inbox.bans.remaining(peer) > 0)
+        vocab = max(len(tokenizer), self.model.get_output_embeddings().weight.shape[0])
+        self.inbox = self.hold(self.fabric.rollout_inbox(
+            vocab_size=vocab, max_staleness=config.max_staleness,
+            # a short queue: backpressure holds samplers back instead of letting a backlog of old
+            # groups raise staleness
+            capacity=config.groups_per_step * 2,
+            bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
+            limits=WireLimits.for_run(getattr(self.model.config, "max_position_embeddings", None), config.max_completion_length)))
+        self.verifier = LogprobVerifier(self.model, self.store.states, lock=self.store.lock, pad_token_id=tokenizer.pad_token_id,
+                                        fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
+        self.intake = self.hold(GroupIntake(
+            self.answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+            stop_strings=config.stop_strings,
+            max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=self.inbox.penalize,
+            temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=self.verifier,
+            banned=lambda peer: self.inbox.bans.remaining(peer) > 0))
+
+    def _write_ready(self) -> None:
+        """learner.key and ready.json, which say how to join; the dashboard, which ready.json names."""
+        config, fabric, team = self.config, self.fabric, self.team
         learner_key = encode_learner_key(fabric.public_key)
         # samplers pin the run's owner key: this learner's own, or the one that certified it
-        run_key = encode_learner_key(team.owner) if team is not None else learner_key
-        (run_dir / "learner.key").write_text(run_key + "\n")  # for `swarm sampler --learner-key-file`
+        self.run_key = encode_learner_key(team.owner) if team is not None else learner_key
+        (self.run_dir / "learner.key").write_text(self.run_key + "\n")  # for `swarm sampler --learner-key-file`
         # --dashboard-port: the swarm as this learner's own fabric reads it
-        dashboard = peer_dashboard(config, fabric, run_dir=run_dir, announcements_from="this run's learner key",
-                                   learner_keys=[team.owner if team is not None else fabric.public_key])
-        write_ready(run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
-                    addresses=fabric.addresses(), learner_key=run_key, own_key=learner_key,
-                    owner_key_file=str(fabric.signing_key_path) if fabric.signing_key_path and run_key == learner_key else None,
-                    **({"dashboard": dashboard.url} if dashboard else {}))
-    except BaseException:
-        if dashboard is not None:
-            dashboard.close()
-        if fabric is not None:  # its DHT and averager processes would outlive this one
-            fabric.shutdown()
-        if made:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
-    echo(f"samplers join with: --learner-key {run_key}")
-    if dashboard is not None:
-        echo(f"dashboard of run '{config.run_id}' at {dashboard.url}")
-    for addr in fabric.addresses():
-        echo(f"  --peers {addr}")
+        self.dashboard = self.hold(peer_dashboard(config, fabric, run_dir=self.run_dir, announcements_from="this run's learner key",
+                                                  learner_keys=[team.owner if team is not None else fabric.public_key]))
+        owner_key_file = str(fabric.signing_key_path) if fabric.signing_key_path and self.run_key == learner_key else None
+        write_ready(self.run_dir, role="learner", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
+                    addresses=fabric.addresses(), learner_key=self.run_key, own_key=learner_key, owner_key_file=owner_key_file,
+                    **({"dashboard": self.dashboard.url} if self.dashboard else {}))
 
-    totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
-    # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
-    # the seconds between its recent steps
-    last_step, step_times = time.time(), deque(maxlen=STEP_TIMES_KEPT)
-    sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
-                           tuple(config.stop_strings))
+    def _greet(self) -> None:
+        config, fabric = self.config, self.fabric
+        self.echo(f"learner {fabric.peer_id} for run '{config.run_id}' ({fabric.transport}), run directory {self.run_dir}")
+        self.echo(f"samplers join with: --learner-key {self.run_key}")
+        if self.dashboard is not None:
+            self.echo(f"dashboard of run '{config.run_id}' at {self.dashboard.url}")
+        for addr in fabric.addresses():
+            self.echo(f"  --peers {addr}")
 
-    def heartbeat() -> None:
+    def _start_publishing(self) -> None:
+        """Publishes the first version, then starts the heartbeat and the step records."""
+        config = self.config
+        self.last_step = time.time()
+        self.sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
+                                    tuple(config.stop_strings))
+        # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
+        self.sharers = self.hold(SharerView(self.fabric))
+        self.publish()
+        # announcements and the membership record on their own schedule: a step longer than a record's
+        # life (any real LLM's) no longer takes the learner out of the listing
+        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="learner-heartbeat"))
+        self.reporter = self.hold(Reporter(self.run_dir, config.report_to, config=config.model_dump(mode="json")))
+        self.steps = self.hold(StepLog(self.run_dir, on_write=self.reporter.step))
+        self.last_step = time.time()
+
+    # -- run --------------------------------------------------------------------------------------
+
+    def main_loop(self) -> None:
+        """Steps until `config.steps` or a stop, then checkpoints; a crash checkpoints what is sound."""
+        self.started = True
+        try:
+            while self.core.version < self.config.steps and not self.stopping:
+                self.step()
+            self.checkpoint()  # at exit, also on Ctrl-C / SIGTERM
+        except Exception as exc:
+            # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
+            self.events.event("crashed", version=self.core.version, error=f"{type(exc).__name__}: {exc}")
+            if self.core.version in self.store.hashes:  # the current version was published, so it is finite
+                self.checkpoint()
+            raise
+
+    def step(self) -> None:
+        """One round: gather a batch and train on it; with none, take the other learners' step, or wait."""
+        batch, gather_s = self._gather()
+        team = self.team
+        if not batch and team is not None and team.group is not None and not self.stopping:
+            if self._step_on_others_groups():
+                return
+        if not batch:
+            if not self.stopping:
+                self.events.event("waiting", seconds=round(gather_s, 1), version=self.core.version)
+                self.echo(f"no rollouts for {gather_s:.0f}s; waiting for samplers")
+            return
+        self._train(batch)
+
+    def _gather(self) -> tuple[list, float]:
+        """The groups that pass intake within the gathering time: (batch, seconds it gathered for)."""
+        config = self.config
+        # several learners: each gathers its share of the run's batch, and goes to the round in time
+        learners = self.team.refresh() if self.team is not None else 1
+        share = max(1, math.ceil(config.groups_per_step / learners))
+        gather_s = min(config.wait_s, config.averaging_timeout_s / 2) if learners > 1 else config.wait_s
+        batch, deadline = [], time.time() + gather_s
+        while len(batch) < share and time.time() < deadline and not self.stopping:
+            group = self.inbox.get(timeout=1.0)
+            if group is not None and self.intake.accept(group, self.core.version):
+                batch.append(group)
+        return batch, gather_s
+
+    def _step_on_others_groups(self) -> bool:
+        """No groups here: take the others' step all the same, so as to stay in step. False when
+        there was no step to take."""
+        try:
+            metrics = self.core.step_with_group()
+        except NothingToStep:
+            return False
+        except OutOfStep as exc:
+            self._catch_up_after(exc)
+            return True
+        self.publish()
+        self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"], team=dict(self.team.stats),
+                        weights_hash=self.store.hashes[self.core.version])
+        self._stepped()
+        self.echo(f"step {self.core.version}: on the other learners' groups only")
+        return True
+
+    def _train(self, batch: list) -> None:
+        """One optimizer step on `batch`, then publish, record and (when due) checkpoint."""
+        core, totals = self.core, self.totals
+        try:
+            metrics = core.step(batch)
+        except NonFiniteStep as exc:  # nothing changed: count it and train on the next batch
+            totals["skipped_steps"] += 1
+            self.events.event("skipped_step", version=core.version, reason=str(exc), groups=len(batch))
+            self.echo(f"warning: {exc}")
+            return
+        except OutOfStep as exc:  # another learner is ahead or holds other weights: take the run's state
+            self._catch_up_after(exc)
+            return
+        totals["used"] += len(batch)
+        totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
+        self.publish()
+        self._record_step(metrics)
+        self._stepped()
+        self.echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
+                  f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(self.intake.dropped)}")
+        self._watch_logprob_gap(metrics["fresh_logprob_gap"])
+        if self.config.checkpoint_every and core.version % self.config.checkpoint_every == 0:
+            self.checkpoint()
+
+    def _record_step(self, metrics: dict) -> None:
+        verifier, server, inbox = self.verifier, self.server, self.inbox
+        self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"],
+                        dropped=dict(self.intake.dropped), weights_hash=self.store.hashes[self.core.version],
+                        inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
+                        skipped_steps=self.totals["skipped_steps"], verified=verifier.checked,
+                        verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
+                        uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
+                        **({"team": dict(self.team.stats)} if self.team is not None else {}))
+
+    def _stepped(self) -> None:
+        self.step_times.append(time.time() - self.last_step)
+        self.last_step = time.time()
+
+    def _watch_logprob_gap(self, gap: float) -> None:
+        """Warns (now and then) when samplers' log-probs on current groups are far from the learner's."""
+        threshold = self.config.fresh_gap_warning
+        if gap == gap and gap > threshold:  # NaN: no fresh group this step
+            self.totals["gap_warnings"] += 1
+            self.events.event("logprob_gap", version=self.core.version, gap=gap, threshold=threshold)
+            if self.totals["gap_warnings"] in (1, 10) or self.totals["gap_warnings"] % 100 == 0:
+                self.echo(f"warning: samplers' log-probs differ from the learner's by {gap:.3f} per token on groups of the "
+                          f"current version (threshold {threshold:g}): a sampler may not be running the "
+                          "weights it claims (a failed weight update), or runs another precision or model")
+
+    def _catch_up_after(self, exc: OutOfStep) -> None:
+        """Another learner is ahead or holds other weights: download the run's state, publish it."""
+        self.events.event("out_of_step", version=self.core.version, reason=str(exc))
+        self.echo(f"out of step with the other learners ({exc}); downloading the run's state")
+        if self.team.catch_up(2 * self.config.averaging_timeout_s):
+            self.publish()
+
+    # -- publish, heartbeat, checkpoint -----------------------------------------------------------
+
+    def publish(self) -> None:
+        """Makes the current weights the next published version (in the dtype samplers run) and has
+        it announced."""
+        core = self.core
+        state = {k: (v.detach().to(self.publish_dtype) if v.is_floating_point() else v.detach())
+                 for k, v in self.model.state_dict().items()}
+        bad = non_finite_tensors(state)
+        if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
+            raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
+                               f"Resume from the last checkpoint in {self.run_dir / 'checkpoints'} with a lower --learning-rate")
+        self.sharers.publishing(core.version)  # who fetches its delta, looked up while it is encoded
+        self.store.add(core.version, state)
+        # atomic: a torn file would let a resumed learner announce an older version number
+        write_json_atomic(self.run_dir / "published.json", {"version": core.version, "hash": self.store.hashes[core.version]})
+        self.inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
+        if self.pulse is None:
+            self.heartbeat()  # the first version is announced before anything else happens
+        else:
+            self.pulse.poke()  # announce from the heartbeat thread: a slow swarm never holds up training
+
+    def heartbeat(self) -> None:
+        """Announces the newest version and refreshes this learner's membership record (from the
+        pulse's thread, on its own schedule)."""
+        store, fabric = self.store, self.fabric
         with store.lock:
             version = store.latest
             digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
         chunks = store.chunk_specs(version, quick=True)
-        fabric.announce(version, digest, sampling, recent, chunks, sharers.announced(version, chunks))
-        fabric.heartbeat(Heartbeat(role="learner", model=config.model, model_hash=digest[:16], version=version,
-                                   rollouts=totals["used"], tokens_per_s=totals["tokens_per_s"], holds=holds,
+        fabric.announce(version, digest, self.sampling, recent, chunks, self.sharers.announced(version, chunks))
+        fabric.heartbeat(Heartbeat(role="learner", model=self.config.model, model_hash=digest[:16], version=version,
+                                   rollouts=self.totals["used"], tokens_per_s=self.totals["tokens_per_s"], holds=holds,
                                    certificate=getattr(fabric, "certificate", ""), heartbeat_s=fabric.heartbeat_s,
-                                   step_s=statistics.median(list(step_times)) if step_times else 0.0,
-                                   since_step_s=time.time() - last_step))
-        if team is not None:
-            team.refresh(start=False)  # lets new learners in; the training loop starts averaging
-        if pulse is not None and store.snapshot_due(version):
+                                   step_s=statistics.median(list(self.step_times)) if self.step_times else 0.0,
+                                   since_step_s=time.time() - self.last_step))
+        if self.team is not None:
+            self.team.refresh(start=False)  # lets new learners in; the training loop starts averaging
+        if self.pulse is not None and store.snapshot_due(version):
             store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
-            pulse.poke()
+            self.pulse.poke()
 
-    def publish() -> None:
-        state = {k: (v.detach().to(publish_dtype) if v.is_floating_point() else v.detach()) for k, v in model.state_dict().items()}
-        bad = non_finite_tensors(state)
-        if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
-            raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
-                               f"Resume from the last checkpoint in {run_dir / 'checkpoints'} with a lower --learning-rate")
-        sharers.publishing(core.version)  # who fetches its delta, looked up while it is encoded
-        store.add(core.version, state)
-        # atomic: a torn file would let a resumed learner announce an older version number
-        write_json_atomic(run_dir / "published.json", {"version": core.version, "hash": store.hashes[core.version]})
-        inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
-        if pulse is None:
-            heartbeat()  # the first version is announced before anything else happens
-        else:
-            pulse.poke()  # announce from the heartbeat thread: a slow swarm never holds up training
-
-    def master_hash() -> str:
+    def master_hash(self) -> str:
         """The hash of the float32 weights a checkpoint holds (what --resume checks them against);
         the published version's own hash when it is published in float32."""
-        if dtype == "float32":
-            return store.hashes[core.version]
-        return state_hash({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        if self.dtype == "float32":
+            return self.store.hashes[self.core.version]
+        return state_hash({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
 
-    def checkpoint() -> None:
+    def checkpoint(self) -> None:
+        """Saves weights and optimizer state; a failed write (a full disk) is reported, not fatal."""
+        core, config = self.core, self.config
         try:
-            path = save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=core.version,
-                                   digest=master_hash(), config=json.loads(config.model_dump_json()),
-                                   keep=config.keep_checkpoints, progress=progress)
+            path = save_checkpoint(self.run_dir, self.model, self.tokenizer, core.optimizer, version=core.version,
+                                   digest=self.master_hash(), config=json.loads(config.model_dump_json()),
+                                   keep=config.keep_checkpoints, progress=self.progress)
         except OSError as exc:  # a full disk: say so, train on in memory, try again at the next checkpoint
-            events.event("checkpoint_failed", version=core.version, error=str(exc))
-            echo(f"warning: checkpoint of version {core.version} failed ({exc}); training goes on, the next checkpoint retries")
+            self.events.event("checkpoint_failed", version=core.version, error=str(exc))
+            self.echo(f"warning: checkpoint of version {core.version} failed ({exc}); training goes on, the next checkpoint retries")
             return
-        events.event("checkpoint", version=core.version, path=str(path))
-        echo(f"checkpoint: {path}")
+        self.events.event("checkpoint", version=core.version, path=str(path))
+        self.echo(f"checkpoint: {path}")
 
-    # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
-    sharers = SharerView(fabric)
-    pulse = None
-    publish()
-    # announcements and the membership record on their own schedule: a step longer than a record's
-    # life (any real LLM's) no longer takes the learner out of the listing
-    pulse = Pulse(heartbeat, fabric.heartbeat_s, name="learner-heartbeat")
-    from swarm.reporting import Reporter
+    # -- stop -------------------------------------------------------------------------------------
 
-    reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
-    steps = StepLog(run_dir, on_write=reporter.step)
-    last_step = time.time()
-    try:
-        while core.version < config.steps and not stop.is_set():
-            # several learners: each gathers its share of the run's batch, and goes to the round in time
-            learners = team.refresh() if team is not None else 1
-            share = max(1, math.ceil(config.groups_per_step / learners))
-            gather_s = min(config.wait_s, config.averaging_timeout_s / 2) if learners > 1 else config.wait_s
-            batch, deadline = [], time.time() + gather_s
-            while len(batch) < share and time.time() < deadline and not stop.is_set():
-                group = inbox.get(timeout=1.0)
-                if group is not None and intake.accept(group, core.version):
-                    batch.append(group)
-            if not batch and team is not None and team.group is not None and not stop.is_set():
-                try:  # no groups here: take the others' step all the same, so as to stay in step
-                    metrics = core.step_with_group()
-                except NothingToStep:
-                    metrics = None
-                except OutOfStep as exc:
-                    events.event("out_of_step", version=core.version, reason=str(exc))
-                    echo(f"out of step with the other learners ({exc}); downloading the run's state")
-                    if team.catch_up(2 * config.averaging_timeout_s):
-                        publish()
-                    continue
-                if metrics is not None:
-                    publish()
-                    steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], team=dict(team.stats),
-                               weights_hash=store.hashes[core.version])
-                    step_times.append(time.time() - last_step)
-                    last_step = time.time()
-                    echo(f"step {core.version}: on the other learners' groups only")
-                    continue
-            if not batch:
-                if not stop.is_set():
-                    events.event("waiting", seconds=round(gather_s, 1), version=core.version)
-                    echo(f"no rollouts for {gather_s:.0f}s; waiting for samplers")
-                continue
-            try:
-                metrics = core.step(batch)
-            except NonFiniteStep as exc:  # nothing changed: count it and train on the next batch
-                totals["skipped_steps"] += 1
-                events.event("skipped_step", version=core.version, reason=str(exc), groups=len(batch))
-                echo(f"warning: {exc}")
-                continue
-            except OutOfStep as exc:  # another learner is ahead or holds other weights: take the run's state
-                events.event("out_of_step", version=core.version, reason=str(exc))
-                echo(f"out of step with the other learners ({exc}); downloading the run's state")
-                if team.catch_up(2 * config.averaging_timeout_s):
-                    publish()
-                continue
-            totals["used"] += len(batch)
-            totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
-            publish()
-            steps.step(metrics, seconds=time.time() - last_step, used_total=totals["used"], dropped=dict(intake.dropped),
-                       weights_hash=store.hashes[core.version],
-                       inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
-                       skipped_steps=totals["skipped_steps"], verified=verifier.checked,
-                       verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
-                       uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
-                       **({"team": dict(team.stats)} if team is not None else {}))
-            step_times.append(time.time() - last_step)
-            last_step = time.time()
-            echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
-                 f"(max {metrics['staleness_max']:.0f}), {len(batch)} groups, dropped {dict(intake.dropped)}")
-            gap = metrics["fresh_logprob_gap"]
-            if gap == gap and gap > config.fresh_gap_warning:  # NaN: no fresh group this step
-                totals["gap_warnings"] += 1
-                events.event("logprob_gap", version=core.version, gap=gap, threshold=config.fresh_gap_warning)
-                if totals["gap_warnings"] in (1, 10) or totals["gap_warnings"] % 100 == 0:
-                    echo(f"warning: samplers' log-probs differ from the learner's by {gap:.3f} per token on groups of the "
-                         f"current version (threshold {config.fresh_gap_warning:g}): a sampler may not be running the "
-                         "weights it claims (a failed weight update), or runs another precision or model")
-            if config.checkpoint_every and core.version % config.checkpoint_every == 0:
-                checkpoint()
-        checkpoint()  # at exit, also on Ctrl-C / SIGTERM
-    except Exception as exc:
-        # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
-        events.event("crashed", version=core.version, error=f"{type(exc).__name__}: {exc}")
-        if core.version in store.hashes:  # the current version was published, so it is finite
-            checkpoint()
-        raise
-    finally:
-        pulse.close()
-        sharers.close()
-        if team is not None:
-            team.close()
-        steps.close()
-        reporter.close()
-        inbox.close()
-        server.close()
-        intake.close()
-        if dashboard is not None:
-            dashboard.close()  # before the fabric it reads
-        fabric.shutdown()
-        result = {"version": core.version, "used": totals["used"], "dropped": dict(intake.dropped), "run_dir": str(run_dir),
-                  "refused": dict(inbox.stats.reasons), "banned": inbox.bans.banned(), "skipped_steps": totals["skipped_steps"]}
-        events.event("stopped", **result)
-        events.close()
-    return result
+    def result(self) -> dict:
+        """What `run_learner` returns and the `stopped` event records."""
+        return {"version": self.core.version, "used": self.totals["used"], "dropped": dict(self.intake.dropped),
+                "run_dir": str(self.run_dir), "refused": dict(self.inbox.stats.reasons), "banned": self.inbox.bans.banned(),
+                "skipped_steps": self.totals["skipped_steps"]}
+
+
+def run_learner(config: LearnerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
+    """Run a learner until `config.steps` or `stop` (or SIGINT/SIGTERM). `echo` hears what it says;
+    `progress` (swarm.progress; default: plain lines through `echo`) how far a long checkpoint write is."""
+    return Learner(config, echo=echo, stop=stop, progress=progress).run()

@@ -17,13 +17,31 @@ from __future__ import annotations
 import logging
 import os
 import random
-import shutil
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
-from swarm.config import SamplerConfig
+from peers.lifecycle import Peer
+from swarm.config import SamplerConfig, write_config
+from swarm.config.learner_keys import decode_learner_key
+from swarm.dashboard import peer_dashboard
+from swarm.fabric.membership.pulse import Pulse
+from swarm.fabric.membership.records import Heartbeat, Refusals
+from swarm.fabric.transports import join_with
+from swarm.fabric.weights.follower import VersionFollower
+from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
+from swarm.generation import SamplingParams, make_backend
+from swarm.model.device import resolve_device, resolve_dtype
+from swarm.model.loading import resolve_model_dir
+from swarm.progress import LineProgress
+from swarm.reporting import Reporter
+from swarm.rewards import RewardScorer
+from swarm.runlog import EventLog, write_ready
+from swarm.sampling import produce_rollouts
+from swarm.staleness import SecondsDelay
+from swarm.tasks import load_problems, shard_for_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -45,184 +63,228 @@ def load_version(backend, state, previous) -> None:
         backend.load_state_dict(state, previous=None)
 
 
-def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
-    """Run a sampler until `stop` (or SIGINT/SIGTERM) or `config.rounds`. `echo` hears what it
-    says; `progress` (swarm.progress; default: plain lines through `echo`) how far a long version
-    download is."""
-    from swarm.config import write_config
-    from swarm.dashboard import peer_dashboard
-    from swarm.fabric.weights.follower import VersionFollower
-    from swarm.config.learner_keys import decode_learner_key
-    from swarm.fabric.membership.pulse import Pulse
-    from swarm.fabric.membership.records import Heartbeat, Refusals
-    from swarm.fabric.transports import join_with
-    from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
-    from swarm.generation import SamplingParams, make_backend
-    from swarm.model.device import resolve_device, resolve_dtype
-    from swarm.model.loading import resolve_model_dir
-    from swarm.rewards import RewardScorer
-    from swarm.runlog import EventLog, write_ready
-    from swarm.sampling import produce_rollouts
-    from swarm.signals import install_stop_signals
-    from swarm.staleness import SecondsDelay
-    from swarm.progress import LineProgress
-    from swarm.tasks import load_problems, shard_for_sampler
+class Sampler(Peer):
+    """The sampler peer: `setup` loads the model and task and joins, `step` generates one round of
+    groups with the version it may use and sends them to a learner, `heartbeat` says what it holds
+    (from the pulse's thread), `stop` closes everything it opened.
 
-    stop = stop or threading.Event()
-    install_stop_signals(stop)
-    sampler_id = config.sampler_id or f"sampler-{os.getpid()}"
-    progress = progress or LineProgress(lambda m: echo(f"{sampler_id}: {m}"))
-    run_dir = Path(config.run_dir or f"runs/{sampler_id}-{time.strftime('%Y%m%d-%H%M%S')}")
-    keys = [decode_learner_key(k) for k in config.learner_keys]
-    delay = SecondsDelay.parse(config.pickup_delay)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    if config.backend == "transformers":
-        options = {"device": device, "dtype": dtype}
-    else:
-        options = {"dtype": dtype, "gpu_memory_utilization": config.gpu_memory_utilization, "max_model_len": config.max_model_len,
-                   "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": config.enforce_eager}
-    # model and task first: bad ones fail before anything is made
-    backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
-    problems = shard_for_sampler(load_problems(config.task, config.task_options(), tokenizer=backend.tokenizer), sampler_id)
-    made = not run_dir.exists()
-    fabric = None
-    try:  # a start that fails (no swarm, a port taken) leaves no half-made run directory
-        write_config(config, run_dir / "config.yaml")
-        fabric = join_with(config, "sampler")
-        # --dashboard-port: the swarm as this sampler's own fabric reads it
-        dashboard = peer_dashboard(config, fabric, run_dir=run_dir, learner_keys=keys,
-                                   announcements_from="the learner key(s) this sampler follows")
-    except BaseException:
-        if fabric is not None:
-            fabric.shutdown()
-        if made:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    from swarm.reporting import Reporter
+    config: the sampler's settings; echo: hears what it says; stop: ends the run when set;
+    progress (swarm.progress; default: plain lines through `echo`): how far a long version download is."""
 
-    reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
-    events = EventLog(run_dir, on_write=reporter.event)
-    scorer = RewardScorer()
-    simulating = delay.kind != "none" or config.lag_steps > 0
-    # holding many versions only matters for latency simulation (versions wait for their pickup time)
-    store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))
-    server = fabric.weight_server(store)  # relays the versions it holds to other samplers
-    sender = fabric.rollout_sender()
-    rng = random.Random(sampler_id)
-    # what the heartbeat says (the generation loop and the follower update it; the pulse reads it)
-    status = {"version": 0, "sent": 0, "tokens_per_s": 0.0, "fetch": None}
-    refusals = Refusals()  # for its record: `swarm status` flags a sampler whose groups are all refused
+    def __init__(self, config: SamplerConfig, *, echo: Callable[[str], None] = print, stop: threading.Event | None = None,
+                 progress=None) -> None:
+        super().__init__(echo=echo, stop=stop)
+        self.config = config
+        self.sampler_id = config.sampler_id or f"sampler-{os.getpid()}"
+        self.progress = progress or LineProgress(self.say)
+        self.run_dir = Path(config.run_dir or f"runs/{self.sampler_id}-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.dashboard = None
+        self.sampling = self.params = None  # the run's sampling settings, as the learner last announced them
+        self.current: int | None = None  # the version it generates with
+        self.sent = self.done = self.tokens_total = 0  # groups accepted, rounds, tokens generated
+        self.refused: Counter = Counter()
 
-    def beat() -> None:
+    def say(self, message: str) -> None:
+        self.echo(f"{self.sampler_id}: {message}")
+
+    # -- set up -----------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        config = self.config
+        self.keys = [decode_learner_key(k) for k in config.learner_keys]
+        self.delay = SecondsDelay.parse(config.pickup_delay)
+        self._load_model_and_task()  # first: bad ones fail before anything is made
+        with self.first_start_in(self.run_dir):
+            write_config(config, self.run_dir / "config.yaml")
+            self.fabric = self.hold(join_with(config, "sampler"), close="shutdown")
+            # --dashboard-port: the swarm as this sampler's own fabric reads it
+            self.dashboard = self.hold(peer_dashboard(config, self.fabric, run_dir=self.run_dir, learner_keys=self.keys,
+                                                      announcements_from="the learner key(s) this sampler follows"))
+        self._open_exchange()
+        self._follow_versions()
+        fabric = self.fabric
+        write_ready(self.run_dir, role="sampler", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
+                    sampler_id=self.sampler_id, addresses=fabric.addresses(),
+                    **({"dashboard": self.dashboard.url} if self.dashboard else {}))
+        self.echo(f"sampler {self.sampler_id} ({fabric.peer_id}) joined run '{config.run_id}' ({fabric.transport}), "
+                  f"run directory {self.run_dir}")
+        if self.dashboard is not None:
+            self.say(f"dashboard of run '{config.run_id}' at {self.dashboard.url}")
+        self.unreachable = fabric.unreachable_errors()
+
+    def _load_model_and_task(self) -> None:
+        config = self.config
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        if config.backend == "transformers":
+            options = {"device": device, "dtype": dtype}
+        else:
+            options = {"dtype": dtype, "gpu_memory_utilization": config.gpu_memory_utilization, "max_model_len": config.max_model_len,
+                       "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": config.enforce_eager}
+        self.backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
+        problems = load_problems(config.task, config.task_options(), tokenizer=self.backend.tokenizer)
+        self.problems = shard_for_sampler(problems, self.sampler_id)
+
+    def _open_exchange(self) -> None:
+        """Its logs, its scorer, the versions it holds and relays, and its line to the learners."""
+        config = self.config
+        self.reporter = self.hold(Reporter(self.run_dir, config.report_to, config=config.model_dump(mode="json")))
+        self.events = self.hold(EventLog(self.run_dir, on_write=self.reporter.event))
+        self.scorer = self.hold(RewardScorer())
+        simulating = self.delay.kind != "none" or config.lag_steps > 0
+        # holding many versions only matters for latency simulation (versions wait for their pickup time)
+        self.store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))
+        self.server = self.hold(self.fabric.weight_server(self.store))  # relays the versions it holds to other samplers
+        self.sender = self.hold(self.fabric.rollout_sender())
+        self.rng = random.Random(self.sampler_id)
+
+    def _follow_versions(self) -> None:
+        """The heartbeat, then the follower that fetches announced versions (and pokes the heartbeat)."""
+        config = self.config
+        # what the heartbeat says (the generation loop and the follower update it; the pulse reads it)
+        self.status = {"version": 0, "sent": 0, "tokens_per_s": 0.0, "fetch": None}
+        self.refusals = Refusals()  # for its record: `swarm status` flags a sampler whose groups are all refused
+        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="sampler-heartbeat"))
+        # no weight payload may be larger than this model's weights could be
+        max_payload = payload_limit(self.backend.model.state_dict() if config.backend == "transformers" else None)
+        self.follower = self.hold(VersionFollower(self.fabric, self.store, self.keys, self.delay,
+                                                  random.Random(f"{self.sampler_id}-delay"), echo=self.say,
+                                                  on_fetch=self._fetched, max_payload_bytes=max_payload, progress=self.progress))
+
+    # -- heartbeat --------------------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Its membership record: version, throughput, refusals, and the versions it can relay."""
+        fabric, status, refusals = self.fabric, self.status, self.refusals
         last = status["fetch"]
-        with store.lock:  # a peer nobody can dial offers nothing to relay: every try would fail
-            holds = tuple(store.states) if fabric.dialable else ()
-        fabric.heartbeat(Heartbeat(role="sampler", model=config.model, version=status["version"], rollouts=status["sent"],
+        with self.store.lock:  # a peer nobody can dial offers nothing to relay: every try would fail
+            holds = tuple(self.store.states) if fabric.dialable else ()
+        fabric.heartbeat(Heartbeat(role="sampler", model=self.config.model, version=status["version"], rollouts=status["sent"],
                                    tokens_per_s=status["tokens_per_s"], holds=holds, relay=fabric.dialable,
                                    heartbeat_s=fabric.heartbeat_s, refused=refusals.total, refused_in_a_row=refusals.in_a_row,
                                    refusal=refusals.last,
                                    **(last.heartbeat_fields() if last else {})))
 
-    def fetched(result) -> None:
-        events.event("version_fetched", **result.event_fields())
-        status["fetch"] = result
-        pulse.poke()  # others may fetch it from here now
+    def _fetched(self, result) -> None:
+        self.events.event("version_fetched", **result.event_fields())
+        self.status["fetch"] = result
+        self.pulse.poke()  # others may fetch it from here now
 
-    pulse = Pulse(beat, fabric.heartbeat_s, name="sampler-heartbeat")
+    # -- run --------------------------------------------------------------------------------------
 
-    follower = VersionFollower(fabric, store, keys, delay, random.Random(f"{sampler_id}-delay"),
-                               echo=lambda m: echo(f"{sampler_id}: {m}"), on_fetch=fetched,
-                               # no weight payload may be larger than this model's weights could be
-                               max_payload_bytes=payload_limit(backend.model.state_dict() if config.backend == "transformers" else None),
-                               progress=progress)
-    write_ready(run_dir, role="sampler", run_id=config.run_id, transport=fabric.transport, peer_id=fabric.peer_id,
-                sampler_id=sampler_id, addresses=fabric.addresses(), **({"dashboard": dashboard.url} if dashboard else {}))
-    echo(f"sampler {sampler_id} ({fabric.peer_id}) joined run '{config.run_id}' ({fabric.transport}), run directory {run_dir}")
-    if dashboard is not None:
-        echo(f"{sampler_id}: dashboard of run '{config.run_id}' at {dashboard.url}")
-    sampling = None  # the run's sampling settings, as the learner last announced them
-    unreachable = fabric.unreachable_errors()
-    current: int | None = None
-    sent = done = tokens_total = 0
-    refused: Counter = Counter()
-    started_at = last_progress = time.time()
-    try:
-        while not stop.is_set() and (config.rounds is None or done < config.rounds):
-            choice = follower.usable(config.lag_steps, have_one=current is not None)
-            if choice is None and current is None:
-                if time.time() - started_at > config.wait_s:
-                    raise TimeoutError(f"no version within {config.wait_s:.0f}s: {follower.diagnose(config.run_id)}")
-                stop.wait(0.5)
-                continue
-            if choice is not None and choice != current:
-                swap = time.time()
-                with store.lock:
-                    state = store.states[choice]
-                    previous = store.states.get(current) if current is not None else None
-                load_version(backend, state, previous)
-                events.event("version_used", version=choice, newest=follower.newest, swap_seconds=round(time.time() - swap, 4))
-                echo(f"{sampler_id}: now at version {choice} (newest announced {follower.newest}, swap {time.time() - swap:.2f}s)")
-                current = status["version"] = choice
-            if follower.sampling != sampling:
-                sampling = follower.sampling
-                params = SamplingParams(num_completions=config.num_generations, temperature=sampling.temperature,
-                                        top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
-                                        stop_strings=list(sampling.stop))
-                events.event("sampling", temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                             max_tokens=sampling.max_tokens, stop=list(sampling.stop))
-                echo(f"{sampler_id}: sampling as the learner announces: temperature {sampling.temperature:g}, top-k "
-                     f"{sampling.top_k}, top-p {sampling.top_p:g}, at most {sampling.max_tokens} tokens, stop strings "
-                     f"{list(sampling.stop) or 'none'}")
-                if config.stop_strings and tuple(config.stop_strings) != sampling.stop:
-                    echo(f"{sampler_id}: warning: --stop-strings {config.stop_strings} ignored; the learner's run stops at "
-                         f"{list(sampling.stop)}")
-            batch = [problems[rng.randrange(len(problems))] for _ in range(config.prompts_per_round)]
-            groups = produce_rollouts(backend, scorer, batch, params, version=current, sampler_id=sampler_id)
-            tokens = sum(g.num_tokens() for g in groups)
-            tokens_total += tokens
-            done += 1
-            # several learners train the run: each round's groups go to the next of them (each group is used once)
-            learners = follower.learner_peers or (follower.learner_peer,)
-            learner = learners[done % len(learners)]
-            try:
-                acks = sender.send(learner, groups)
-            except unreachable as exc:  # fault-tolerance boundary: the learner may be restarting
-                refused["learner unreachable"] += len(groups)
-                refusals.count([{"ok": False, "reason": "learner unreachable"}] * len(groups))
-                events.event("sent", learner=learner, version=current, groups=len(groups), accepted=0,
-                             refused={"learner unreachable": len(groups)}, tokens=tokens)
-                echo(f"{sampler_id}: learner {learner} unreachable ({type(exc).__name__}); retrying")
-                stop.wait(2.0)
-                continue
-            accepted = sum(bool(a.get("ok")) for a in acks)
-            sent += accepted
-            round_refused = Counter(a.get("reason", "?") for a in acks if not a.get("ok"))
-            refusals.count(acks)
-            refused.update(round_refused)
-            events.event("sent", learner=learner, version=current, groups=len(groups), accepted=accepted,
-                         refused=dict(round_refused), tokens=tokens)
-            now = time.time()
-            status.update(sent=sent, tokens_per_s=tokens_total / max(now - started_at, 1e-6))
-            if now - last_progress > config.progress_every_s:
-                behind = (follower.newest or current) - current
-                rate, tokens_rate = done * config.prompts_per_round / (now - started_at), tokens_total / (now - started_at)
-                events.event("progress", version=current, behind=behind, groups_per_s=round(rate, 3),
-                             tokens_per_s=round(tokens_rate, 1), rounds=done, accepted=sent, refused=dict(refused))
-                echo(f"{sampler_id}: version {current} ({behind} behind), {rate:.1f} groups/s, {tokens_rate:.0f} tokens/s, "
-                     f"{sent} accepted, refused {dict(refused) or 'none'}")
-                last_progress = now
-        result = {"sent": sent, "rounds": done, "version": current, "refused": dict(refused), "run_dir": str(run_dir)}
-        events.event("stopped", **result)
-        return result
-    finally:
-        pulse.close()
-        follower.close()
-        sender.close()
-        server.close()
-        scorer.close()
-        if dashboard is not None:
-            dashboard.close()  # before the fabric it reads
-        fabric.shutdown()
-        events.close()
-        reporter.close()
+    def main_loop(self) -> None:
+        """Rounds until `config.rounds` or a stop."""
+        config = self.config
+        self.started_at = self.last_progress = time.time()
+        while not self.stopping and (config.rounds is None or self.done < config.rounds):
+            self.step()
+        self.events.event("stopped", **self.result())
+
+    def step(self) -> None:
+        """One round: the newest version it may use, the run's sampling settings, a round of groups
+        generated, scored and sent to a learner."""
+        choice = self.follower.usable(self.config.lag_steps, have_one=self.current is not None)
+        if choice is None and self.current is None:
+            self._wait_for_a_first_version()
+            return
+        if choice is not None and choice != self.current:
+            self._use_version(choice)
+        if self.follower.sampling != self.sampling:
+            self._sample_as_announced(self.follower.sampling)
+        groups, tokens = self._generate()
+        if self._send(groups, tokens):
+            self._report()
+
+    def _wait_for_a_first_version(self) -> None:
+        if time.time() - self.started_at > self.config.wait_s:
+            raise TimeoutError(f"no version within {self.config.wait_s:.0f}s: {self.follower.diagnose(self.config.run_id)}")
+        self.stop_event.wait(0.5)
+
+    def _use_version(self, choice: int) -> None:
+        swap = time.time()
+        with self.store.lock:
+            state = self.store.states[choice]
+            previous = self.store.states.get(self.current) if self.current is not None else None
+        load_version(self.backend, state, previous)
+        newest = self.follower.newest
+        self.events.event("version_used", version=choice, newest=newest, swap_seconds=round(time.time() - swap, 4))
+        self.say(f"now at version {choice} (newest announced {newest}, swap {time.time() - swap:.2f}s)")
+        self.current = self.status["version"] = choice
+
+    def _sample_as_announced(self, sampling) -> None:
+        """Generation follows the run's sampling settings, as the learner announces them."""
+        config = self.config
+        self.sampling = sampling
+        self.params = SamplingParams(num_completions=config.num_generations, temperature=sampling.temperature,
+                                     top_k=sampling.top_k, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
+                                     stop_strings=list(sampling.stop))
+        self.events.event("sampling", temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                          max_tokens=sampling.max_tokens, stop=list(sampling.stop))
+        self.say(f"sampling as the learner announces: temperature {sampling.temperature:g}, top-k "
+                 f"{sampling.top_k}, top-p {sampling.top_p:g}, at most {sampling.max_tokens} tokens, stop strings "
+                 f"{list(sampling.stop) or 'none'}")
+        if config.stop_strings and tuple(config.stop_strings) != sampling.stop:
+            self.say(f"warning: --stop-strings {config.stop_strings} ignored; the learner's run stops at {list(sampling.stop)}")
+
+    def _generate(self) -> tuple[list, int]:
+        """One round's groups for prompts drawn from its shard, and their tokens."""
+        problems = self.problems
+        batch = [problems[self.rng.randrange(len(problems))] for _ in range(self.config.prompts_per_round)]
+        groups = produce_rollouts(self.backend, self.scorer, batch, self.params, version=self.current, sampler_id=self.sampler_id)
+        tokens = sum(g.num_tokens() for g in groups)
+        self.tokens_total += tokens
+        self.done += 1
+        return groups, tokens
+
+    def _send(self, groups: list, tokens: int) -> bool:
+        """Sends the round's groups and counts the learner's answers; False when it could not be reached."""
+        # several learners train the run: each round's groups go to the next of them (each group is used once)
+        learners = self.follower.learner_peers or (self.follower.learner_peer,)
+        learner = learners[self.done % len(learners)]
+        try:
+            acks = self.sender.send(learner, groups)
+        except self.unreachable as exc:  # fault-tolerance boundary: the learner may be restarting
+            self.refused["learner unreachable"] += len(groups)
+            self.refusals.count([{"ok": False, "reason": "learner unreachable"}] * len(groups))
+            self.events.event("sent", learner=learner, version=self.current, groups=len(groups), accepted=0,
+                              refused={"learner unreachable": len(groups)}, tokens=tokens)
+            self.say(f"learner {learner} unreachable ({type(exc).__name__}); retrying")
+            self.stop_event.wait(2.0)
+            return False
+        accepted = sum(bool(a.get("ok")) for a in acks)
+        self.sent += accepted
+        round_refused = Counter(a.get("reason", "?") for a in acks if not a.get("ok"))
+        self.refusals.count(acks)
+        self.refused.update(round_refused)
+        self.events.event("sent", learner=learner, version=self.current, groups=len(groups), accepted=accepted,
+                          refused=dict(round_refused), tokens=tokens)
+        return True
+
+    def _report(self) -> None:
+        """Throughput for the heartbeat each round; a progress line every `progress_every_s`."""
+        now = time.time()
+        self.status.update(sent=self.sent, tokens_per_s=self.tokens_total / max(now - self.started_at, 1e-6))
+        if now - self.last_progress <= self.config.progress_every_s:
+            return
+        current, elapsed = self.current, now - self.started_at
+        behind = (self.follower.newest or current) - current
+        rate, tokens_rate = self.done * self.config.prompts_per_round / elapsed, self.tokens_total / elapsed
+        self.events.event("progress", version=current, behind=behind, groups_per_s=round(rate, 3),
+                          tokens_per_s=round(tokens_rate, 1), rounds=self.done, accepted=self.sent, refused=dict(self.refused))
+        self.say(f"version {current} ({behind} behind), {rate:.1f} groups/s, {tokens_rate:.0f} tokens/s, "
+                 f"{self.sent} accepted, refused {dict(self.refused) or 'none'}")
+        self.last_progress = now
+
+    # -- stop -------------------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        """What `run_sampler` returns and the `stopped` event records."""
+        return {"sent": self.sent, "rounds": self.done, "version": self.current, "refused": dict(self.refused),
+                "run_dir": str(self.run_dir)}
+
+
+def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:
+    """Run a sampler until `stop` (or SIGINT/SIGTERM) or `config.rounds`. `echo` hears what it
+    says; `progress` (swarm.progress; default: plain lines through `echo`) how far a long version
+    download is."""
+    return Sampler(config, echo=echo, stop=stop, progress=progress).run()

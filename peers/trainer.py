@@ -20,6 +20,18 @@ from typing import Callable
 import torch
 
 from swarm.config import TrainerConfig, write_config
+from swarm.diagnostics import expected_advantage_errors
+from swarm.evaluation import evaluate_policy
+from swarm.generation import SamplingParams
+from swarm.generation.transformers_backend import TransformersBackend
+from swarm.model.loading import load_policy
+from swarm.reporting import Reporter
+from swarm.rewards import RewardScorer
+from swarm.runlog import StepLog
+from swarm.sampling import produce_rollouts
+from swarm.staleness import DelayDistribution, PolicyRing, sampler_version
+from swarm.tasks import load_problems
+from swarm.training import LearnerCore
 
 
 def run_trainer(
@@ -33,16 +45,6 @@ def run_trainer(
     """Train; returns {"config", "history" (per step), "evals" (every eval_every steps)}. With a
     `run_dir`, writes config.yaml and steps.jsonl there (and, as `report_to` asks, TensorBoard event
     files or a wandb run). `progress` (a swarm.progress.Progress) hears how far each evaluation is."""
-    from swarm.evaluation import evaluate_policy
-    from swarm.generation import SamplingParams
-    from swarm.generation.transformers_backend import TransformersBackend
-    from swarm.model.loading import load_policy
-    from swarm.rewards import RewardScorer
-    from swarm.runlog import StepLog
-    from swarm.sampling import produce_rollouts
-    from swarm.staleness import DelayDistribution, PolicyRing, sampler_version
-    from swarm.tasks import load_problems
-    from swarm.training import LearnerCore
 
     delay = DelayDistribution.parse(config.delay)
     torch.manual_seed(config.seed)
@@ -79,7 +81,6 @@ def run_trainer(
     evals = [evaluate(0)]
     log = reporter = None
     if run_dir is not None:
-        from swarm.reporting import Reporter
 
         write_config(config, Path(run_dir) / "config.yaml")
         reporter = Reporter(run_dir, config.report_to, config=config.model_dump(mode="json"))
@@ -98,7 +99,6 @@ def run_trainer(
                                            sampler_id=f"virtual-{s}")
             diagnostic = {}
             if config.advantage_diagnostic_every and step % config.advantage_diagnostic_every == 0:
-                from swarm.diagnostics import expected_advantage_errors
 
                 model.eval()
                 diagnostic = expected_advantage_errors(model, evaluator, scorer, groups, by_id, tokenizer.pad_token_id,

@@ -39,6 +39,7 @@ from collections import OrderedDict
 from concurrent import futures
 from dataclasses import dataclass
 
+import grpc
 import msgpack
 
 from swarm.fabric.signing import MAX_CLOCK_SKEW_S, owner_key, verify_owner_signature
@@ -76,8 +77,6 @@ def channel_options(limit: int = MESSAGE_LIMIT) -> list[tuple[str, int]]:
 def new_server(workers: int = 64, limit: int = MESSAGE_LIMIT):
     # one thread per open call, for as long as it is open: callers size the pool for what they let
     # peers hold open (a learner's rollout streams) plus a reserve for everything else
-    import grpc
-
     # no SO_REUSEPORT (gRPC's default on Linux): a second server on a port in use must fail to
     # start, not share the port and receive half of the first one's calls
     return grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
@@ -310,8 +309,6 @@ def first_request(requests, watch: Watch, limit: int, wait_s: float = REQUEST_WA
 def authenticate(authenticator: Authenticator, context, method: str, body: bytes, run_id: str | None = None) -> Caller:
     """The verified caller of a server call; otherwise the call ends UNAUTHENTICATED with the reason
     (context.abort raises), before anything reads the request."""
-    import grpc
-
     try:
         return authenticator.check(context.invocation_metadata(), method, body, ip=remote_ip(context.peer()), run_id=run_id)
     except Unauthenticated as exc:

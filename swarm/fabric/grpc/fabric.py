@@ -10,6 +10,8 @@ import logging
 import time
 from typing import Iterable, Mapping, Sequence
 
+import grpc
+
 from swarm.config import split_host_port
 from swarm.fabric.grpc.common import (
     SERVICE,
@@ -86,8 +88,6 @@ class GrpcFabric:
         address; listening on every interface, the address the registry sees it call from (its NAT's
         public address behind one), or this machine's outbound address when that is loopback (a
         registry on the same machine says nothing about what others can dial)."""
-        import grpc
-
 
         port = self.server.port
         if announce_addr:
@@ -116,9 +116,6 @@ class GrpcFabric:
         return call(iter([body]), timeout=self.timeout_s, metadata=self.signer.metadata(path, body))
 
     def _check_registry(self) -> None:
-        import grpc
-
-
         host, port = split_host_port(self.registry)
         if port is not None and refuses_connections(host, port):  # gRPC would retry until its timeout
             self.shutdown()
@@ -213,8 +210,6 @@ class GrpcFabric:
         return GrpcWeightClient(self.channels, self.signer, **options)
 
     def unreachable_errors(self) -> tuple[type[BaseException], ...]:
-        import grpc
-
         return (grpc.RpcError, ConnectionError, TimeoutError, OSError, StopIteration)
 
     def shutdown(self) -> None:

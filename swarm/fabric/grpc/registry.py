@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import grpc
+
 from swarm.fabric.grpc.common import (
     REGISTRY_REQUEST_LIMIT,
     REQUEST_WAIT_S,
@@ -259,8 +261,6 @@ class _RegistryService:
 
     def handler(self, method: str):
         def handle(requests, context) -> dict:
-            import grpc
-
             watch = self.watchdog.watch(context)
             try:
                 body = first_request(requests, watch, REGISTRY_REQUEST_LIMIT, self.request_wait_s)
@@ -284,8 +284,6 @@ def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0, *
                    authenticator: Authenticator | None = None, request_wait_s: float = REQUEST_WAIT_S):
     """(started gRPC server, bound port). Stop it with `stop_registry`. request_wait_s: how long a
     call may keep a server thread waiting for its request."""
-    import grpc
-
     service = _RegistryService(registry, authenticator or Authenticator(), request_wait_s)
     handlers = {name: grpc.stream_unary_rpc_method_handler(service.handler(name), request_deserializer=None,
                                                           response_serializer=pack)
@@ -323,7 +321,6 @@ class GrpcBootstrap:
     transport = "grpc"
 
     def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
-
         self.run_id, self.host = run_id, host
         self.registry = Registry()
         self._server, self.port = serve_registry(self.registry, host, port)

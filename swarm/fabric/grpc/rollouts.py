@@ -9,6 +9,8 @@ import logging
 import threading
 from typing import Iterator, Sequence
 
+import grpc
+
 from swarm.fabric.grpc.common import (
     RequestSigner,
     unpack,
@@ -53,8 +55,6 @@ class GrpcRolloutInbox(InboxCore):
         server.rollout_handler = self._handle
 
     def _handle(self, frames: Iterator[bytes], remote: str, context):
-        import grpc
-
         refused = self.open_stream(remote)
         if refused:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
@@ -103,12 +103,9 @@ class GrpcRolloutSender:
         self._channels, self._signer, self.timeout_s = channels, signer, timeout_s
 
     def send(self, learner_peer: str, groups) -> list[dict]:
-
         return self.send_frames(learner_peer, [encode_group(g) for g in groups])
 
     def send_frames(self, learner_peer: str, frames: Sequence[bytes]) -> list[dict]:
-        import grpc
-
         frames = list(frames)
         call = self._channels.get(learner_peer).stream_stream(ROLLOUTS, request_serializer=None, response_deserializer=unpack)
         try:

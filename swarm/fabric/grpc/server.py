@@ -16,6 +16,8 @@ import threading
 from collections import OrderedDict
 from typing import Iterator
 
+import grpc
+
 from swarm.fabric.grpc.common import (
     CHUNK_BYTES,
     MESSAGE_LIMIT,
@@ -59,8 +61,6 @@ class Channels:
         self.limit = limit
 
     def get(self, peer: str):
-        import grpc
-
         address = dial_address(peer)
         with self._lock:
             if address not in self._channels:
@@ -85,8 +85,6 @@ class GrpcPeerServer:
 
     def __init__(self, host: str, port: int, run_id: str, *, authenticator: Authenticator | None = None,
                  workers: int = StreamLimits().total + RESERVE_WORKERS) -> None:
-        import grpc
-
         self.run_id, self.workers = run_id, workers
         self.weight_send_s = WEIGHT_SEND_S  # longest a receiver may take to read one weight chunk
         self.authenticator = authenticator or Authenticator()
@@ -120,8 +118,6 @@ class GrpcPeerServer:
             return name
 
     def _rollouts(self, frames: Iterator[bytes], context):
-        import grpc
-
         caller = authenticate(self.authenticator, context, ROLLOUTS, b"", self.run_id)  # the stream's signed opening
         handler = self.rollout_handler
         if handler is None:
@@ -129,8 +125,6 @@ class GrpcPeerServer:
         yield from handler(frames, self.name_of(caller), context)
 
     def _weights(self, requests: Iterator[bytes], context):
-        import grpc
-
         watch = self.watchdog.watch(context)
         try:
             try:

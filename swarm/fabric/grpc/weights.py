@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import grpc
 import msgpack
 
 from swarm.fabric.grpc.common import CHUNK_BYTES, RequestSigner, pack, unpack
@@ -129,8 +130,6 @@ class GrpcWeightClient(RebuildingClient):
 
     def _call(self, holder: str, request: dict, have: int | None, want: int, timeout: float,
               single: int | None = None, sink=None) -> list[bytes]:
-        import grpc
-
         body = pack(request)
         call = self._channels.get(holder).stream_stream(WEIGHTS, request_serializer=None, response_deserializer=None)
         messages = call(iter([body]), timeout=timeout, metadata=self._signer.metadata(WEIGHTS, body))

@@ -4,7 +4,7 @@ hivemind runs a DHT node in a forked process, which starts the p2p daemon (p2pd)
 Neither notices when the peer that made them dies: a learner killed with SIGKILL used to leave both
 running, holding its port and, through the inherited lock file, its identity, so the resumed
 learner came back under another key. Here the DHT process watches its parent and takes p2pd down
-with it (`_DHTWithParent`), and a peer that claims an identity first stops any p2pd still serving
+with it (`DHTWithParent`), and a peer that claims an identity first stops any p2pd still serving
 that identity's key file from a dead predecessor (`stop_leftover_daemons`).
 """
 
@@ -15,6 +15,11 @@ import os
 import threading
 from pathlib import Path
 from typing import Sequence
+
+import hivemind
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import SchemaValidator
+from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.config import split_host_port
 from swarm.fabric.hivemind.records import make_schema
@@ -83,17 +88,12 @@ def exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _dht_class():
-    import hivemind
+class DHTWithParent(hivemind.DHT):
+    """A hivemind DHT whose process (and p2pd) ends when the peer that started it does."""
 
-    class _DHTWithParent(hivemind.DHT):
-        """A hivemind DHT whose process (and p2pd) ends when the peer that started it does."""
-
-        def run(self) -> None:
-            exit_with_parent(self._parent_pid)
-            super().run()
-
-    return _DHTWithParent
+    def run(self) -> None:
+        exit_with_parent(self._parent_pid)
+        super().run()
 
 
 def stop_leftover_daemons(identity_path: Path, *, timeout_s: float = 5.0) -> list[int]:
@@ -150,14 +150,10 @@ def start_dht(
     streams (rollouts, weights) work over the connections it opens.
     Raises JoinError naming the addresses when none of `initial_peers` answers in time.
     """
-    from hivemind.dht.crypto import RSASignatureValidator
-    from hivemind.dht.schema import SchemaValidator
-
 
     for addr in initial_peers:
         if not str(addr).startswith("/"):
             raise ValueError(f"peer address {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
-    from hivemind.utils.crypto import RSAPrivateKey
 
     # A fresh key rather than hivemind's process-wide default: two nodes in one process (tests,
     # a demo) must not be able to sign each other's records.
@@ -185,7 +181,7 @@ def start_dht(
         raise JoinError(f"could not join the swarm through {', '.join(initial_peers)}: connection refused (nothing "
                         "listens there). Check the address and port, and that the bootstrap node or peer is running")
     try:
-        dht = _dht_class()(initial_peers=list(initial_peers), start=True, record_validators=validators, **kwargs)
+        dht = DHTWithParent(initial_peers=list(initial_peers), start=True, record_validators=validators, **kwargs)
     except Exception as exc:  # noqa: BLE001  hivemind raises bare RuntimeErrors/P2PDaemonErrors
         if initial_peers:
             raise JoinError(

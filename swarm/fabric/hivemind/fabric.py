@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
+from hivemind.utils import get_dht_time
+
 from swarm.fabric.hivemind.dht import announce_multiaddrs, listen_maddrs, start_dht
 from swarm.fabric.hivemind.learner_group import LearnerGroup
 from swarm.fabric.hivemind.records import MembershipPublisher, latest_announced, list_members, store_announcement
@@ -65,15 +68,12 @@ class HivemindFabric:
         return not self.client_mode
 
     def now(self) -> float:
-        from hivemind.utils import get_dht_time
-
         return get_dht_time()
 
     def heartbeat(self, beat: Heartbeat) -> bool:
         return self._members.heartbeat(beat)
 
     def members(self):
-
         return list_members(self.dht, self.run_id)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
@@ -92,23 +92,18 @@ class HivemindFabric:
         return self._own(LearnerGroup(self.dht, self.run_id, parameters, **options))
 
     def latest_announced(self, learner_keys: Iterable[bytes]):
-
         return latest_announced(self.dht, self.run_id, learner_keys)
 
     def rollout_inbox(self, **options):
-
         return self._own(RolloutInbox(self.dht, self.run_id, **options))
 
     def rollout_sender(self, **options):
-
         return self._own(RolloutSender(self.dht, self.run_id, **options))
 
     def weight_server(self, store):
-
         return self._own(WeightServer(self.dht, self.run_id, store, slots=self.upload_slots))
 
     def weight_client(self, **options):
-
         return self._own(WeightClient(self.dht, self.run_id, **options))
 
     def _own(self, component):
@@ -118,8 +113,6 @@ class HivemindFabric:
     def unreachable_errors(self) -> tuple[type[BaseException], ...]:
         """What a call to a peer that is gone (or restarting) raises."""
         import asyncio
-
-        from hivemind.p2p.p2p_daemon_bindings.utils import ControlFailure
 
         return (ControlFailure, ConnectionError, TimeoutError, asyncio.IncompleteReadError, OSError)
 
@@ -154,7 +147,6 @@ class HivemindBootstrap:
         return visible_addresses(self.dht, self.announced)
 
     def members(self):
-
         return list_members(self.dht, self.run_id)
 
     def shutdown(self) -> None:

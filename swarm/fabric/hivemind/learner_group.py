@@ -36,6 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import torch
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllreduceException
+from hivemind.compression import deserialize_tensor_stream
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import aiter_with_timeout
+from hivemind.utils.mpfuture import MPFuture
 
 from swarm.fabric.hivemind.dht import exit_with_parent
 
@@ -97,139 +104,128 @@ def canonical(states: Iterable[MemberState]) -> tuple[int, str]:
     return newest, next(s.weights_hash for s in holders if counts[s.weights_hash] == best)
 
 
-def _make_averager_class():
-    """The guarded averager class (hivemind imported late: the library must import without it)."""
-    from hivemind.averaging import DecentralizedAverager
-    from hivemind.averaging.allreduce import AllreduceException
-    from hivemind.p2p import P2PContext
-    from hivemind.proto import averaging_pb2
+class GuardedAverager(DecentralizedAverager):
+    """A DecentralizedAverager that deals only with the peer ids in its allow-list (see module doc).
 
-    class GuardedAverager(DecentralizedAverager):
-        """A DecentralizedAverager that deals only with the peer ids in its allow-list (see module doc).
+    The averager runs in its own process; the allow-list reaches it through hivemind's command pipe."""
 
-        The averager runs in its own process; the allow-list reaches it through hivemind's command pipe."""
+    _allowed: frozenset = frozenset()
+    _state_source: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
 
-        _allowed: frozenset = frozenset()
-        _state_source: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
+    def run(self) -> None:
+        # like the DHT's process, the averager's (a fork of the learner) must not outlive a
+        # learner killed with SIGKILL: it would linger with the model's buffers for good
 
-        def run(self) -> None:
-            # like the DHT's process, the averager's (a fork of the learner) must not outlive a
-            # learner killed with SIGKILL: it would linger with the model's buffers for good
+        exit_with_parent(self._parent_pid)
+        super().run()
 
-            exit_with_parent(self._parent_pid)
-            super().run()
+    def set_allowed(self, peer_ids: Iterable[Any]) -> None:
+        ids = sorted({p.to_bytes() if hasattr(p, "to_bytes") else bytes(p) for p in peer_ids})
+        self._outer_pipe.send(("_set_allowed", [ids], {}))
 
-        def set_allowed(self, peer_ids: Iterable[Any]) -> None:
-            ids = sorted({p.to_bytes() if hasattr(p, "to_bytes") else bytes(p) for p in peer_ids})
-            self._outer_pipe.send(("_set_allowed", [ids], {}))
+    async def _set_allowed(self, ids: list[bytes]) -> None:
+        self._allowed = frozenset(ids)
+        # a group of every learner present starts its round at once, instead of waiting out the
+        # matchmaking time for followers that are not coming
+        if getattr(self, "_matchmaking", None) is not None:
+            self._matchmaking.target_group_size = max(2, len(self._allowed))
 
-        async def _set_allowed(self, ids: list[bytes]) -> None:
-            self._allowed = frozenset(ids)
-            # a group of every learner present starts its round at once, instead of waiting out the
-            # matchmaking time for followers that are not coming
-            if getattr(self, "_matchmaking", None) is not None:
-                self._matchmaking.target_group_size = max(2, len(self._allowed))
+    def _refuses(self, peer) -> bool:
+        return peer.to_bytes() not in self._allowed
 
-        def _refuses(self, peer) -> bool:
-            return peer.to_bytes() not in self._allowed
+    async def rpc_join_group(self, request, context):
+        if self._refuses(context.remote_id):
+            logger.warning("refused an averaging join request from unauthorised peer %s", context.remote_id)
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for response in super().rpc_join_group(request, context):
+            yield response
 
-        async def rpc_join_group(self, request, context):
-            if self._refuses(context.remote_id):
-                logger.warning("refused an averaging join request from unauthorised peer %s", context.remote_id)
-                yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
-                return
-            async for response in super().rpc_join_group(request, context):
-                yield response
+    async def rpc_aggregate_part(self, stream, context):
+        if self._refuses(context.remote_id):
+            logger.warning("refused averaging parts from unauthorised peer %s", context.remote_id)
+            yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for message in super().rpc_aggregate_part(stream, context):
+            yield message
 
-        async def rpc_aggregate_part(self, stream, context):
-            if self._refuses(context.remote_id):
-                logger.warning("refused averaging parts from unauthorised peer %s", context.remote_id)
-                yield averaging_pb2.AveragingData(code=averaging_pb2.PROTOCOL_VIOLATION)
-                return
-            async for message in super().rpc_aggregate_part(stream, context):
-                yield message
+    async def rpc_download_state(self, request, context):
+        if self._refuses(context.remote_id):
+            logger.warning("refused a state download by unauthorised peer %s", context.remote_id)
+            return
+        async for message in super().rpc_download_state(request, context):
+            yield message
 
-        async def rpc_download_state(self, request, context):
-            if self._refuses(context.remote_id):
-                logger.warning("refused a state download by unauthorised peer %s", context.remote_id)
-                return
-            async for message in super().rpc_download_state(request, context):
-                yield message
+    async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
+        """hivemind's all-reduce, failed when it came back incomplete. hivemind tolerates a reducer
+        that fails (its part keeps this member's own values) and a sender that stalls (the part is
+        averaged without it), and reports success: the members then hold different means, or a
+        mean divided by rows it does not hold, and their weights part. CI saw it ("received
+        91.8% results"): two learners published different weights as one version. Failed, the
+        round is tried again from this learner's own contribution (LearnerGroup.average)."""
+        await super()._run_allreduce_inplace_(tensors, group_info, group_id=group_id, **kwargs)
+        runner = self._running_groups[group_info.group_id if group_id is None else group_id].result()
+        missing, banned = runner.tensor_part_container.failed_size, runner.banned_senders
+        if missing or banned:
+            raise AllreduceException(f"{PARTIAL_ROUND}: {missing} of {runner.tensor_part_container.total_size} "
+                                     f"values came back unaveraged, {len(banned)} sender(s) left out")
 
-        async def _run_allreduce_inplace_(self, tensors, group_info, group_id=None, **kwargs):
-            """hivemind's all-reduce, failed when it came back incomplete. hivemind tolerates a reducer
-            that fails (its part keeps this member's own values) and a sender that stalls (the part is
-            averaged without it), and reports success: the members then hold different means, or a
-            mean divided by rows it does not hold, and their weights part. CI saw it ("received
-            91.8% results"): two learners published different weights as one version. Failed, the
-            round is tried again from this learner's own contribution (LearnerGroup.average)."""
-            await super()._run_allreduce_inplace_(tensors, group_info, group_id=group_id, **kwargs)
-            runner = self._running_groups[group_info.group_id if group_id is None else group_id].result()
-            missing, banned = runner.tensor_part_container.failed_size, runner.banned_senders
-            if missing or banned:
-                raise AllreduceException(f"{PARTIAL_ROUND}: {missing} of {runner.tensor_part_container.total_size} "
-                                         f"values came back unaveraged, {len(banned)} sender(s) left out")
+    async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
+        strangers = [p for p in group_info.peer_ids if p != self.peer_id and self._refuses(p)]
+        if strangers:  # a rogue leader's group: leave before any tensor is sent
+            raise AllreduceException(f"group holds unauthorised peer(s) {[str(p) for p in strangers]}")
+        if len(group_info.peer_ids) > MAX_MEMBERS:
+            raise AllreduceException(f"group of {len(group_info.peer_ids)} exceeds {MAX_MEMBERS} learners")
+        return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
 
-        async def _aggregate_with_group(self, group_info, min_vector_size: int, **kwargs):
-            strangers = [p for p in group_info.peer_ids if p != self.peer_id and self._refuses(p)]
-            if strangers:  # a rogue leader's group: leave before any tensor is sent
-                raise AllreduceException(f"group holds unauthorised peer(s) {[str(p) for p in strangers]}")
-            if len(group_info.peer_ids) > MAX_MEMBERS:
-                raise AllreduceException(f"group of {len(group_info.peer_ids)} exceeds {MAX_MEMBERS} learners")
-            return await super()._aggregate_with_group(group_info, min_vector_size, **kwargs)
+    # hivemind's servicer reads each handler's message types from its annotations, and this
+    # module's annotations are strings (from __future__): give the real types
+    rpc_join_group.__annotations__ = dict(request=averaging_pb2.JoinRequest, context=P2PContext,
+                                          return_=AsyncIterator[averaging_pb2.MessageFromLeader])
+    rpc_aggregate_part.__annotations__ = dict(stream=AsyncIterator[averaging_pb2.AveragingData], context=P2PContext,
+                                              return_=AsyncIterator[averaging_pb2.AveragingData])
+    rpc_download_state.__annotations__ = dict(request=averaging_pb2.DownloadRequest, context=P2PContext,
+                                              return_=AsyncIterator[averaging_pb2.DownloadData])
+    for handler in (rpc_join_group, rpc_aggregate_part, rpc_download_state):
+        handler.__annotations__["return"] = handler.__annotations__.pop("return_")
 
-        # hivemind's servicer reads each handler's message types from its annotations, and this
-        # module's annotations are strings (from __future__): give the real types
-        rpc_join_group.__annotations__ = dict(request=averaging_pb2.JoinRequest, context=P2PContext,
-                                              return_=AsyncIterator[averaging_pb2.MessageFromLeader])
-        rpc_aggregate_part.__annotations__ = dict(stream=AsyncIterator[averaging_pb2.AveragingData], context=P2PContext,
-                                                  return_=AsyncIterator[averaging_pb2.AveragingData])
-        rpc_download_state.__annotations__ = dict(request=averaging_pb2.DownloadRequest, context=P2PContext,
-                                                  return_=AsyncIterator[averaging_pb2.DownloadData])
-        for handler in (rpc_join_group, rpc_aggregate_part, rpc_download_state):
-            handler.__annotations__["return"] = handler.__annotations__.pop("return_")
+    async def _download_from(self, peers: list[bytes], timeout: float, future) -> None:
+        """The first state that one of `peers` (in order) serves; hivemind's own loader asks
+        whoever declared itself under the run's key, unauthorised peers included."""
 
-        async def _download_from(self, peers: list[bytes], timeout: float, future) -> None:
-            """The first state that one of `peers` (in order) serves; hivemind's own loader asks
-            whoever declared itself under the run's key, unauthorised peers included."""
-            from hivemind.compression import deserialize_tensor_stream
-            from hivemind.p2p import PeerID
-            from hivemind.utils.asyncio import aiter_with_timeout
+        try:
+            for raw in peers:
+                peer = PeerID(raw)
+                if peer == self.peer_id or self._refuses(peer):
+                    continue
+                metadata = []
 
-            try:
-                for raw in peers:
-                    peer = PeerID(raw)
-                    if peer == self.peer_id or self._refuses(peer):
-                        continue
-                    metadata = []
+                async def parts(stream):
+                    async for message in aiter_with_timeout(stream, timeout=timeout):
+                        if message.metadata:
+                            metadata.append(message.metadata)
+                        yield [message.tensor_part]
 
-                    async def parts(stream):
-                        async for message in aiter_with_timeout(stream, timeout=timeout):
-                            if message.metadata:
-                                metadata.append(message.metadata)
-                            yield [message.tensor_part]
+                try:
+                    stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
+                    stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+                    tensors = await deserialize_tensor_stream(parts(stream))
+                except Exception as exc:  # noqa: BLE001 - try the next one
+                    logger.warning("state download from %s failed: %r", peer, exc)
+                    continue
+                if metadata:
+                    future.set_result((str(peer), self.serializer.loads(metadata[0]), tensors))
+                    return
+        finally:
+            if not future.done():
+                future.set_result(None)
 
-                    try:
-                        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-                        stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
-                        tensors = await deserialize_tensor_stream(parts(stream))
-                    except Exception as exc:  # noqa: BLE001 - try the next one
-                        logger.warning("state download from %s failed: %r", peer, exc)
-                        continue
-                    if metadata:
-                        future.set_result((str(peer), self.serializer.loads(metadata[0]), tensors))
-                        return
-            finally:
-                if not future.done():
-                    future.set_result(None)
+    def get_current_state(self):
+        if self._state_source is None:
+            return None, [], None
+        metadata, tensors = self._state_source()
+        return metadata, list(tensors), None
 
-        def get_current_state(self):
-            if self._state_source is None:
-                return None, [], None
-            metadata, tensors = self._state_source()
-            return metadata, list(tensors), None
-
-    return GuardedAverager
 
 
 @dataclass
@@ -263,19 +259,17 @@ class LearnerGroup:
         self.shapes = [p.shape for p in parameters]
         numel = sum(s.numel() for s in self.shapes)
         self.buffer = torch.zeros(numel, dtype=torch.float64)
-        cls = _make_averager_class()
         # prefix: one averaging group per run (no '.' allowed in it by hivemind)
-        self.averager = cls([self.buffer], dht, start=True, prefix=f"{run_id.replace('.', '_')}_learners",
-                            min_matchmaking_time=matchmaking_s, request_timeout=request_timeout_s,
-                            allreduce_timeout=allreduce_timeout_s, min_group_size=2,
-                            next_chunk_timeout=request_timeout_s, allow_state_sharing=True, declare_state_period=5.0)
+        self.averager = GuardedAverager([self.buffer], dht, start=True, prefix=f"{run_id.replace('.', '_')}_learners",
+                                        min_matchmaking_time=matchmaking_s, request_timeout=request_timeout_s,
+                                        allreduce_timeout=allreduce_timeout_s, min_group_size=2,
+                                        next_chunk_timeout=request_timeout_s, allow_state_sharing=True, declare_state_period=5.0)
         self.peer_id = str(self.averager.peer_id)
         self.matchmaking_s, self.allreduce_timeout_s = matchmaking_s, allreduce_timeout_s
         self._lock = threading.Lock()
 
     def allow(self, peer_ids: Iterable[str]) -> None:
         """The libp2p peer ids of the run's authorised learners (this one's included)."""
-        from hivemind.p2p import PeerID
 
         self.averager.set_allowed([PeerID.from_base58(p) for p in set(peer_ids) | {self.peer_id}])
 
@@ -343,8 +337,6 @@ class LearnerGroup:
     def download_state(self, peers: Sequence[str], timeout_s: float) -> tuple[str, dict, list[torch.Tensor]] | None:
         """(peer, metadata, tensors) from the first of `peers` (authorised learners' peer ids, in the
         order to ask) that serves its state; None if none did. The caller checks what it got."""
-        from hivemind.p2p import PeerID
-        from hivemind.utils.mpfuture import MPFuture
 
         future = MPFuture()
         ids = [PeerID.from_base58(p).to_bytes() for p in peers]

@@ -7,6 +7,9 @@ import asyncio
 import threading
 from typing import Awaitable, TypeVar
 
+from hivemind.dht import DHT
+from hivemind.p2p import P2P, PeerID
+
 T = TypeVar("T")
 
 
@@ -45,15 +48,12 @@ class BackgroundLoop:
 
 
 async def replicate_p2p(daemon_maddr):
-    from hivemind.p2p import P2P
-
     return await P2P.replicate(daemon_maddr)
 
 
 def attach_p2p(dht, io: BackgroundLoop, timeout: float = 30.0):
     """A P2P client of `dht`'s daemon, bound to `io`'s loop. (DHT.replicate_p2p caches one replica
     per DHT, bound to whichever loop asked first; every component here has its own loop.)"""
-    from hivemind.dht import DHT
 
     maddr = dht.run_coroutine(DHT._get_p2p_daemon_listen_maddr)
     return io.run(replicate_p2p(maddr), timeout=timeout)
@@ -129,7 +129,6 @@ class StreamClient:
 
     async def open(self, peer_id):
         """(reader, writer) of a new stream to `peer_id` (a PeerID or its base58 string)."""
-        from hivemind.p2p import PeerID
 
         if isinstance(peer_id, str):
             peer_id = PeerID.from_base58(peer_id)

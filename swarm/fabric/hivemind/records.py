@@ -13,6 +13,8 @@ disappears from listings on its own.
 
 from typing import Dict, Iterable, Optional
 
+from hivemind.dht.schema import BytesWithPublicKey
+from hivemind.utils import get_dht_time
 from pydantic.v1 import BaseModel
 
 from swarm.config import SwarmSettings, default_of
@@ -22,7 +24,6 @@ from swarm.fabric.weights.announcements import Announced, VersionAnnouncement, n
 
 def make_schema(run_id: str):
     """A schema class per run: SchemaValidator identifies fields by the hash of `{prefix}_{name}`."""
-    from hivemind.dht.schema import BytesWithPublicKey
 
     class SwarmSchema(BaseModel):
         members: Dict[BytesWithPublicKey, Optional[MemberRecord]]
@@ -43,8 +44,6 @@ class MembershipPublisher:
         self.expiry_s = heartbeat_s * expiry_heartbeats
 
     def heartbeat(self, beat: Heartbeat) -> bool:
-        from hivemind.utils import get_dht_time
-
         now = get_dht_time()
         value = beat.record(self.dht.peer_id.to_base58(), now).dict()
         return bool(self.dht.store(self.key, subkey=self.subkey, value=value, expiration_time=now + self.expiry_s))

@@ -13,6 +13,7 @@ import logging
 from typing import Sequence
 
 import msgpack
+from hivemind.p2p import P2P
 
 from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.rollouts.inbox import InboxCore
@@ -39,8 +40,6 @@ class RolloutInbox(InboxCore):
         self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="rollout-inbox")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from hivemind.p2p import P2P
-
         remote = str(stream_info.peer_id)
         refused = self.open_stream(remote)
         if refused:
@@ -78,7 +77,6 @@ class RolloutInbox(InboxCore):
         stops there), then close once the sender has read that and closed its end: closing first
         can reset the stream before the refusal reaches the sender (loop.close_after_requester),
         which then knew only that the learner was unreachable."""
-        from hivemind.p2p import P2P
 
         try:
             await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": reason, "final": True}), writer)
@@ -107,8 +105,6 @@ class RolloutSender:
         return self._client.run(self._send(list(frames), learner_peer), timeout=self.timeout_s)
 
     async def _send(self, frames: list[bytes], peer_id) -> list[dict]:
-        from hivemind.p2p import P2P
-
         reader, writer = await self._client.open(peer_id)
 
         async def write_all() -> None:

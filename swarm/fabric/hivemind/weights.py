@@ -13,6 +13,7 @@ from functools import partial
 from typing import Callable
 
 import msgpack
+from hivemind.p2p import P2P
 
 from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.weights.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
@@ -68,8 +69,6 @@ class WeightServer:
         self._host = HostedStreamHandler(dht, handler_name(run_id), self._handle, thread_name="weight-server")
 
     async def _handle(self, stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        from hivemind.p2p import P2P
-
         sent = 0  # payload bytes: the requester gets as long again to read them before the close
         try:
             async def refuse(reason: str) -> None:
@@ -139,7 +138,6 @@ class WeightServer:
 
     async def _chunk(self, request: dict, writer, peer: str) -> int:
         """Answers a manifest or chunk request; returns the payload bytes sent."""
-        from hivemind.p2p import P2P
 
         # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
         # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
@@ -170,7 +168,6 @@ class WeightServer:
     async def _pass_on(self, feed: ChunkFeed, writer) -> None:
         """A chunk sent as it arrives here (framed as any payload: its size, then its bytes).
         Raises ChunkCutOff when it fails to arrive whole and verified: the stream is then cut."""
-        from hivemind.p2p import P2P
 
         loop = asyncio.get_running_loop()
         deadline = send_deadline(len(feed))
@@ -205,8 +202,6 @@ class WeightClient(RebuildingClient):
         return self._client.run(self._told(peer, request), timeout=timeout)
 
     async def _told(self, peer_id, request: dict) -> dict:
-        from hivemind.p2p import P2P
-
         reader, writer = await self._client.open(peer_id)
         try:
             await P2P.send_raw_data(msgpack.packb(request), writer)
@@ -221,7 +216,6 @@ class WeightClient(RebuildingClient):
                        sink: Callable[[bytes], None] | None = None) -> list[bytes]:
         """The payloads a holder sends for `request`: have -> want's, or (`single`) one answer of
         at most that many bytes (its bytes given to `sink` as they come)."""
-        from hivemind.p2p import P2P
 
         async def receive(limit: int, heard: Callable[[bytes], None] | None = None, piece: int = RECEIVE_PIECE_BYTES,
                           cut_off: bool = False) -> bytes:
