@@ -119,7 +119,7 @@ def learner_groups(averager_classes):
         for dht, cls in zip(dhts, averager_classes):
             with pytest.MonkeyPatch.context() as patch:
                 if cls is not None:
-                    patch.setattr(learner_group, "_make_averager_class", lambda: cls)
+                    patch.setattr(learner_group, "GuardedAverager", cls)
                 groups.append(learner_group.LearnerGroup(dht, "learners", params, matchmaking_s=1.0,
                                                          request_timeout_s=0.8))
         yield groups, params
@@ -208,7 +208,7 @@ def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on
     from swarm.fabric.hivemind import learner_group
     from swarm.fabric.hivemind.learner_group import PARTIAL_ROUND
 
-    guarded = learner_group._make_averager_class()
+    guarded = learner_group.GuardedAverager
 
     class ReducerThatHangsUp(guarded):
         async def rpc_aggregate_part(self, stream, context):
