@@ -224,7 +224,7 @@ class Learner(Peer):
         self.intake = self.hold(GroupIntake(
             self.answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
             stop_strings=config.stop_strings,
-            max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalize=self.inbox.penalize,
+            max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalise=self.inbox.penalise,
             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=self.verifier,
             banned=lambda peer: self.inbox.bans.remaining(peer) > 0))
 

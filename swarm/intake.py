@@ -31,16 +31,16 @@ REWARD_TOLERANCE = 1e-6
 
 class GroupIntake:
     def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
-                 max_age_s: float, penalize: Callable[[str, str], None], temperature: float, top_k: int = 0,
+                 max_age_s: float, penalise: Callable[[str, str], None], temperature: float, top_k: int = 0,
                  top_p: float = 1.0, scorer: RewardScorer | None = None, verifier: LogprobVerifier | None = None,
                  banned: Callable[[str], bool] = lambda peer: False, stop_strings: Sequence[str] = ()) -> None:
         """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
-        them (the tokenizer's batch_decode without special tokens). penalize(peer, reason, ban=False):
+        them (the tokenizer's batch_decode without special tokens). penalise(peer, reason, ban=False):
         a strike against the sender (ban: at once). temperature, top_k, top_p: the run's sampling
         settings. verifier: recomputes the log-probs of a fraction of groups (None: none). banned(peer):
         whether a sender is banned now (its groups still queued when the ban came are dropped).
         stop_strings: the run's; a completion is scored up to its first one, and must end there."""
-        self.answers, self.max_staleness, self.max_age_s, self.penalize = answers, max_staleness, max_age_s, penalize
+        self.answers, self.max_staleness, self.max_age_s, self.penalise = answers, max_staleness, max_age_s, penalise
         self.decode, self.sampling, self.verifier = decode, (float(temperature), int(top_k), float(top_p)), verifier
         self.banned, self.stop_strings = banned, tuple(stop_strings)
         self.scorer = scorer or RewardScorer()
@@ -53,7 +53,7 @@ class GroupIntake:
         except Exception as exc:  # noqa: BLE001  the boundary: whatever a group does, the learner goes on
             logger.warning("refused a group from %s that could not be checked: %s: %s", group.sender, type(exc).__name__, exc)
             self.dropped["could not be checked"] += 1
-            self.penalize(group.sender, "could not be checked")
+            self.penalise(group.sender, "could not be checked")
             return False
 
     def _check(self, group: RolloutGroup, learner_version: int) -> bool:
@@ -62,7 +62,7 @@ class GroupIntake:
             return False
         if (group.temperature, group.top_k, group.top_p) != self.sampling:
             self.dropped["other sampling settings"] += 1
-            self.penalize(group.sender, "other sampling settings")
+            self.penalise(group.sender, "other sampling settings")
             return False
         if learner_version - group.version > self.max_staleness:
             self.dropped["too stale"] += 1
@@ -73,17 +73,17 @@ class GroupIntake:
         gold = self.answers.get(group.problem_id)
         if gold is None:
             self.dropped["unknown problem"] += 1
-            self.penalize(group.sender, "unknown problem")
+            self.penalise(group.sender, "unknown problem")
             return False
         texts = self.decode(group.completion_ids)
         if self.stop_strings and self._runs_past_stop(group, texts):
             self.dropped["tokens past a stop string"] += 1
-            self.penalize(group.sender, "tokens past a stop string")
+            self.penalise(group.sender, "tokens past a stop string")
             return False
         rescored = self.scorer.score([cut_at_stop(t, self.stop_strings) for t in texts], [gold] * group.size)
         if any(a is not None and b is not None and abs(a - b) > REWARD_TOLERANCE for a, b in zip(rescored, group.rewards)):
             self.dropped["reward mismatch"] += 1
-            self.penalize(group.sender, "reward mismatch")
+            self.penalise(group.sender, "reward mismatch")
             return False
         if self.verifier is not None and self.verifier.chosen():
             refused = self.verifier.check(group)
@@ -93,7 +93,7 @@ class GroupIntake:
             if refused:
                 self.dropped["log-prob mismatch"] += 1
                 logger.warning("refused a group from %s: %s; banning it", group.sender, refused)
-                self.penalize(group.sender, refused, ban=True)
+                self.penalise(group.sender, refused, ban=True)
                 return False
         group.rewards, group.completion_texts = rescored, texts
         return True

@@ -98,3 +98,25 @@ def test_the_same_setting_is_spelled_the_same_in_every_command():
         assert option in sampler and option in demo, option
     for option in ("--max-completion-length", "--temperature", "--top-k", "--top-p"):  # the run's: the learner announces them
         assert option in learner and option in demo and option not in sampler, option
+
+
+# Code names are British (normalise, authorise, behaviour); the words of the libraries we build on
+# keep their own spelling (transformers' tokenizer, torch's optimizer, gRPC's serializer).
+LIBRARY_WORDS = ("tokeniz", "optimiz", "serializ", "deserializ", "utiliz")
+
+
+def test_code_names_have_one_spelling():
+    import re
+
+    american = re.compile(r"[a-z]{2,}(?<!s)iz(?:e|ed|es|ing|ation|er)s?$|behavior|^color")  # normalize, not size
+    found = []
+    for package in (*PACKAGES, "tests", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []
+                names += [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+                names += [a.arg for a in node.args.args + node.args.kwonlyargs] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+                for name in names:
+                    words = [w for w in name.lower().split("_") if american.search(w) and not w.startswith(LIBRARY_WORDS)]
+                    found += [f"{path.relative_to(ROOT)}: {name}" for _ in words[:1]]
+    assert found == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from swarm import __version__
-from swarm.cli.authorize import authorize_command, learner_key_command
+from swarm.cli.authorise import authorise_command, learner_key_command
 from swarm.cli.dashboard import dashboard_command
 from swarm.cli.launcher import die_with_launcher
 from swarm.cli.local_commands import demo_command, eval_command, plot_command
@@ -21,5 +21,5 @@ def main() -> None:
 
 
 for command in (bootstrap_command, learner_command, sampler_command, status_command, dashboard_command, eval_command,
-                demo_command, plot_command, authorize_command, learner_key_command):
+                demo_command, plot_command, authorise_command, learner_key_command):
     main.add_command(command)

@@ -30,7 +30,7 @@ class RolloutInbox(Protocol):
 
     def qsize(self) -> int: ...
 
-    def penalize(self, peer: str, reason: str, *, ban: bool = False) -> None:
+    def penalise(self, peer: str, reason: str, *, ban: bool = False) -> None:
         """Count a refusal that is the sender's fault (repeated ones ban the peer; `ban`: at once)."""
 
     def close(self) -> None: ...

@@ -27,7 +27,7 @@ def group(tokenizer, texts, rewards, *, claimed_texts=None, version=5, created_a
 def intake(tokenizer):
     strikes = []
     made = GroupIntake({"p1": "42"}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), max_staleness=4,
-                       max_age_s=60, penalize=lambda peer, reason: strikes.append((peer, reason)), temperature=1.0)
+                       max_age_s=60, penalise=lambda peer, reason: strikes.append((peer, reason)), temperature=1.0)
     made.strikes = strikes
     yield made
     made.close()
@@ -79,7 +79,7 @@ def test_a_group_that_breaks_a_check_is_refused_not_raised(tokenizer):
 
     strikes = []
     intake = GroupIntake({"p1": "42"}, decode=decode, max_staleness=4, max_age_s=60, temperature=1.0,
-                         penalize=lambda peer, reason: strikes.append((peer, reason)))
+                         penalise=lambda peer, reason: strikes.append((peer, reason)))
     try:
         assert not intake.accept(group(tokenizer, ["\\boxed{42}"] * 2, [1.0, 1.0]), learner_version=6)
     finally:
@@ -104,7 +104,7 @@ def test_completions_end_at_the_runs_stop_string(tokenizer):
 
     strikes = []
     intake = GroupIntake({"p1": "42"}, decode=lambda batch: tokenizer.batch_decode(batch, skip_special_tokens=True),
-                         max_staleness=4, max_age_s=60, penalize=lambda peer, reason: strikes.append(reason),
+                         max_staleness=4, max_age_s=60, penalise=lambda peer, reason: strikes.append(reason),
                          temperature=1.0, stop_strings=stops)
     try:
         def sent(tokens):

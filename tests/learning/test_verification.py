@@ -80,7 +80,7 @@ def test_the_intake_bans_a_liar_at_once_and_drops_unheld_versions_without_blame(
     penalties = []
     intake = GroupIntake({g.problem_id: g.answer for g in honest_groups},
                          decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), max_staleness=8,
-                         max_age_s=600, penalize=lambda peer, reason, ban=False: penalties.append((peer, ban)),
+                         max_age_s=600, penalise=lambda peer, reason, ban=False: penalties.append((peer, ban)),
                          temperature=1.0, verifier=verifier_for(policy))
     try:
         fresh = [copy.deepcopy(g) for g in honest_groups[:2]]

@@ -79,7 +79,7 @@ class GrpcRolloutInbox(InboxCore):
 
     def _ack(self, frame: bytes, remote: str) -> dict:
         if len(frame) > self.limits.max_frame_bytes:
-            self.penalize(remote, "oversized frame")
+            self.penalise(remote, "oversized frame")
             return {"ok": False, "reason": f"frame of {len(frame)} bytes exceeds {self.limits.max_frame_bytes}"}
         return self.accept_blocking(frame, remote)
 

@@ -53,7 +53,7 @@ class RolloutInbox(InboxCore):
                     return  # the sender closed the stream
                 size = int.from_bytes(header, P2P.BYTEORDER)
                 if size > self.limits.max_frame_bytes:
-                    self.penalize(remote, "oversized frame")
+                    self.penalise(remote, "oversized frame")
                     # cannot resynchronise without reading it: the rest of the stream is refused
                     await self._refuse_stream(reader, writer, f"frame of {size} bytes exceeds {self.limits.max_frame_bytes}")
                     return

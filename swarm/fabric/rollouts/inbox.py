@@ -11,7 +11,7 @@ grpc/rollouts.py feed it frames):
   deadline between frames and a deadline per frame that grows with its size (a slow sender is cut
   off, not waited on);
 - counts accepted and refused groups per peer; a peer that keeps sending bad data (malformed
-  groups here, forged rewards reported by the learner through `penalize`) is banned for a while
+  groups here, forged rewards reported by the learner through `penalise`) is banned for a while
   (bans.py) and everything it sends meanwhile is refused unread. Each kind of garbage is logged
   once per peer, not once per frame.
 """
@@ -168,7 +168,7 @@ class InboxCore:
                 self._seen.popitem(last=False)
             return True
 
-    def penalize(self, peer: str, reason: str, *, ban: bool = False) -> None:
+    def penalise(self, peer: str, reason: str, *, ban: bool = False) -> None:
         """Count a group refused for the sender's fault (malformed here, or forged rewards found by
         the learner) against its sender; repeated offences ban it, and `ban` bans it at once."""
         self.stats.refused[peer] += 1
@@ -195,7 +195,7 @@ class InboxCore:
         except InvalidRollout as exc:
             self.note_refusal(remote, str(exc))
             if exc.blame:
-                self.penalize(remote, str(exc))
+                self.penalise(remote, str(exc))
             else:
                 self.stats.refused[remote] += 1
                 self.stats.reasons["stale or future version"] += 1
@@ -203,7 +203,7 @@ class InboxCore:
         except Exception as exc:  # noqa: BLE001  the boundary: no frame ends the inbox, whatever it holds
             reason = f"could not be decoded ({type(exc).__name__})"
             self.note_refusal(remote, f"{reason}: {exc}")
-            self.penalize(remote, reason)
+            self.penalise(remote, reason)
             return {"ok": False, "reason": reason}
         group.sender = remote
         if not self._first_time(uid):

@@ -18,7 +18,7 @@ from swarm.fabric.membership.identity import identity_dir_or_default, load_exist
 from swarm.fabric.signing import owner_key
 
 
-@click.command("authorize", cls=GroupedCommand)
+@click.command("authorize", cls=GroupedCommand)  # the command keeps the spelling users type; code names are British
 @click.option("--owner-key-file", required=True, type=click.Path(dir_okay=False, path_type=Path), cls=GroupedOption,
               group="swarm", help="the run owner's signing key: the first learner's (its ready.json names it as "
                                   "owner_key_file), or an offline key made with `swarm learner-key --new-owner FILE`")
@@ -27,7 +27,7 @@ from swarm.fabric.signing import owner_key
 @click.option("--run-id", required=True, cls=GroupedOption, group="swarm", help="the run it may train")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, cls=GroupedOption, group="output",
               help="write the certificate to this file (mode 0600) instead of printing it")
-def authorize_command(owner_key_file, learner_key, run_id, out):
+def authorise_command(owner_key_file, learner_key, run_id, out):
     """Certify a learner's key for a run: prints the certificate it passes as `--certificate`."""
     with user_errors():
         owner = load_existing_signing_key(owner_key_file)
