@@ -32,7 +32,7 @@ from swarm.fabric.grpc.common import Caller, key_id, pack, peer_id_of, unpack
 from swarm.fabric.signing import owner_key, verify_owner_signature
 from swarm.fabric.grpc.registry import Registry
 from swarm.fabric.membership.records import Heartbeat, MemberRecord
-from swarm.fabric.weights.announcements import VersionAnnouncement
+from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
 from swarm.fabric.rollouts.inbox import InboxCore
 from swarm.fabric.rollouts.wire import WIRE_VERSION, InvalidRollout, WireLimits, decode_group, encode_group
 from swarm.rollouts import RolloutGroup
@@ -356,10 +356,8 @@ CALLERS = [caller(KEYS[0]), caller(KEYS[1], "127.0.0.1:6"), caller(KEYS[0], ip="
 
 
 def announcement_value(run_id: str, version: int, peer_id: str = "127.0.0.1:1") -> dict:
-    from swarm.fabric.membership import records
-
     if hasattr(VersionAnnouncement, "of"):  # announcements carry the run's sampling settings
-        return VersionAnnouncement.of(run_id, version, "a" * 64, peer_id, 0.0, records.RunSampling()).dict()
+        return VersionAnnouncement.of(run_id, version, "a" * 64, peer_id, 0.0, RunSampling()).dict()
     return VersionAnnouncement(run_id=run_id, version=version, hash="a" * 64, peer_id=peer_id, time=0.0).dict()
 
 
