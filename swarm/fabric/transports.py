@@ -34,7 +34,6 @@ def join(transport: str, *, run_id: str, peers: Sequence[str], role: str, identi
     """
     from hivemind.utils.crypto import RSAPrivateKey
 
-
     check_peers(transport, peers)
     p2p_key = key_path = None
     if identity_dir is None:

@@ -17,7 +17,6 @@ from swarm.paths import cache_root
 
 
 def default_identity_dir() -> Path:
-
     return cache_root() / "identity"
 
 
