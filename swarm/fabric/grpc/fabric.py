@@ -13,14 +13,7 @@ from typing import Iterable, Mapping, Sequence
 import grpc
 
 from swarm.config import split_host_port
-from swarm.fabric.grpc.common import (
-    SERVICE,
-    RequestSigner,
-    key_id,
-    pack,
-    peer_id_of,
-    unpack,
-)
+from swarm.fabric.grpc.common import SERVICE, RequestSigner, key_id, pack, peer_id_of, unpack
 from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
 from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.grpc.server import Channels, GrpcPeerServer

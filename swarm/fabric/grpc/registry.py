@@ -19,20 +19,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from swarm.fabric.grpc.common import (
-    REGISTRY_REQUEST_LIMIT,
-    REQUEST_WAIT_S,
-    SERVICE,
-    Authenticator,
-    Caller,
-    Watchdog,
-    authenticate,
-    bind,
-    first_request,
-    new_server,
-    pack,
-    unpack,
-)
+from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Watchdog,
+    authenticate, bind, first_request, new_server, pack, unpack)
 from swarm.fabric.membership.addresses import announced_address, host_port, interface_addresses, is_wildcard
 from swarm.fabric.membership.records import Member, MemberRecord
 from swarm.fabric.signing import verify_owner_signature

@@ -18,21 +18,8 @@ from typing import Iterator
 
 import grpc
 
-from swarm.fabric.grpc.common import (
-    CHUNK_BYTES,
-    MESSAGE_LIMIT,
-    SERVICE,
-    Authenticator,
-    Caller,
-    Watchdog,
-    authenticate,
-    bind,
-    dial_address,
-    first_request,
-    new_server,
-    pack,
-    unpack,
-)
+from swarm.fabric.grpc.common import (CHUNK_BYTES, MESSAGE_LIMIT, SERVICE, Authenticator, Caller, Watchdog, authenticate, bind,
+    dial_address, first_request, new_server, pack, unpack)
 from swarm.fabric.rollouts.inbox import StreamLimits
 from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.weights.versions import WEIGHT_REQUEST_LIMIT
