@@ -39,7 +39,7 @@ def run(repeats: int = 5, model_dir: str | None = None) -> dict:
     from swarm.model.loading import load_policy
 
     model, tokenizer = load_policy(model_dir or "embedded")
-    backend = TransformersBackend(model, tokenizer, batch_size=1024)
+    backend = TransformersBackend(model, tokenizer, batch_tokens=1 << 20)
     problems = ArithmeticTask(2).problems("test")[:32]
     prompts = [p.prompt for p in problems]
     params = SamplingParams(num_completions=8, max_new_tokens=24, temperature=1.0)

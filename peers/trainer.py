@@ -56,8 +56,8 @@ def run_trainer(
     model, tokenizer = load_policy(config.model)
     sampler_model = copy.deepcopy(model).eval()
     learner = LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
-    sampler = TransformersBackend(sampler_model, tokenizer, batch_size=256)
-    evaluator = TransformersBackend(model, tokenizer, batch_size=256)
+    sampler = TransformersBackend(sampler_model, tokenizer)
+    evaluator = TransformersBackend(model, tokenizer)
     scorer = RewardScorer([("accuracy", 1.0)])
     train = load_problems(config.task, config.task_options(), tokenizer=tokenizer, split="train")
     test = load_problems(config.task, config.task_options(), tokenizer=tokenizer, split="test")[: config.eval_problems]

@@ -2,7 +2,8 @@
 chosen). New policy versions are loaded into the running engine in place, without a restart.
 
 Checked against vLLM's released sources 0.10.0, 0.10.1.1, 0.10.2, 0.11.0, 0.11.2 and 0.33.0 (V1
-engine; in 0.33 also its default "model runner V2"); not yet run on a GPU by this project.
+engine; in 0.33 also its default "model runner V2"); the weight-update routes also against 0.12 to
+0.18, 0.20, 0.22, 0.25, 0.28 and 0.30. Not yet run on a GPU by this project.
 
 Log-probs: vLLM reports raw-model log-probs by default; we start the engine with
 `logprobs_mode="processed_logprobs"` so the recorded value is under the distribution actually
@@ -12,24 +13,52 @@ top-k/top-p there); 0.10.0 and 0.10.1 take "processed" before temperature and to
 (vllm/v1/sample/sampler.py), so with those versions only temperature 1 (or greedy) without top-k
 or top-p is accepted.
 
-Weight updates: the engine core runs in its own process (V1's default), and `LLM.collective_rpc`
-reaches it over ZMQ with msgpack (vllm/v1/serial_utils.py, MsgpackEncoder/MsgpackDecoder; the
-engine core decodes utility calls with an untyped decoder, vllm/v1/engine/core.py). A Python
-function is refused there unless VLLM_ALLOW_INSECURE_SERIALIZATION=1 (it is then pickled), and a
-torch.Tensor argument arrives as a plain [dtype, shape, buffer-index] list, not a tensor, in every
-version checked. So the weights travel as bytes (torch.save of a name -> tensor dict, loaded on the
-worker with weights_only=True) to methods that `worker_extension_cls` mixes into every worker (the
-mechanism of vllm/worker/worker_base.py `WorkerWrapperBase.init_worker` in 0.10/0.11,
-vllm/v1/worker/worker_base.py in 0.33; vLLM's RLHF examples use it the same way), called by name.
+Weight updates take one of two routes, picked by the installed version (`update_route`):
+
+- vLLM 0.25 and later: vLLM's own RL weight-sync API, the route its documentation
+  (docs/training/weight_transfer/) and examples (examples/rl/rlhf_ipc.py, colocated training and
+  inference on one GPU) describe and its tests exercise (tests/distributed/test_weight_transfer.py,
+  and the LLM-class API tests with a stand-in engine): the engine is built with
+  `weight_transfer_config=WeightTransferConfig(backend="ipc")`, and each update is
+  `LLM.start_weight_update()`, one `LLM.update_weights({"update_info": ...})` per chunk,
+  `LLM.finish_weight_update()` (vllm/entrypoints/llm.py in 0.25-0.30, vllm/entrypoints/rl/offline.py
+  in 0.33; worker side vllm/v1/worker/gpu_worker.py, backend
+  vllm/distributed/weight_transfer/ipc_engine.py). The "ipc" backend takes CUDA IPC handles of
+  tensors on the workers' GPUs, so each chunk is staged there from this process. Its handles are
+  pickled through `collective_rpc`, which vLLM refuses unless VLLM_ALLOW_INSECURE_SERIALIZATION=1
+  (vllm/v1/serial_utils.py; the example sets it the same way): this backend sets it when it is
+  unset, and uses the older route below when it is set to 0. The API first appeared in 0.16 and
+  changed shape until 0.25 (0.16: NCCL only; 0.17-0.20: handles as (function, args) and
+  `is_checkpoint_format` per update; 0.22: `start_weight_update(is_checkpoint_format)`); from 0.25
+  to 0.33 the unpacked IPC form used here is the same. The IPC backend reloads layer by layer
+  (vllm/model_executor/model_loader/reload/layerwise.py): a layer given only some of its tensors is
+  rebuilt from those alone, so a partial update sends every tensor of each touched module
+  (`complete_modules`), the unchanged ones from the version the engine holds.
+- vLLM 0.10.2 to 0.24: methods that `worker_extension_cls` mixes into every worker, called by name
+  with `LLM.collective_rpc`: the route vLLM's RLHF examples documented before its weight-transfer
+  API (examples/offline_inference/rlhf.py, rlhf_colocate.py, rlhf_utils.py; mechanism in
+  vllm/worker/worker_base.py `WorkerWrapperBase.init_worker` in 0.10/0.11,
+  vllm/v1/worker/worker_base.py later). `collective_rpc` reaches the engine core over ZMQ with
+  msgpack (vllm/v1/serial_utils.py); a torch.Tensor argument arrives as a plain list there, so the
+  weights travel as bytes (torch.save of a name -> tensor dict, loaded on the worker with
+  weights_only=True).
+
+On both routes the update is checked (`VLLMBackend.load_state_dict`): every parameter's float64 sum,
+read from every worker, must move by exactly what the published tensors say; a caller that sees
+the check fail loads the whole version again (peers/sampler.py `load_version`).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import math
+import os
 from typing import Iterator, Mapping, Sequence
 
 from swarm.generation.base import Generation, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 # one collective_rpc call carries at most about this many bytes of tensors (msgpack's bin type,
 # which carries them, stops at 4 GiB; a single larger tensor cannot be sent)
@@ -57,17 +86,25 @@ class WeightSyncExtension:
     def gepo_parameter_sums(self) -> dict:
         """{parameter name: float64 sum of its elements} over the parameters this worker holds
         (a tensor-parallel rank holds its shards)."""
-        import torch
+        return worker_parameter_sums(self)
 
-        sums = {}
-        with torch.no_grad():
-            for name, p in self.model_runner.get_model().named_parameters():
-                flat = p.detach().reshape(-1)
-                total = torch.zeros((), dtype=torch.float64, device=flat.device)
-                for chunk in flat.split(_SUM_CHUNK):
-                    total += chunk.double().sum()
-                sums[name] = float(total)
-        return sums
+
+def worker_parameter_sums(worker) -> dict:
+    """{parameter name: float64 sum of its elements} over the parameters `worker` (a vLLM worker)
+    holds. Sent by reference to the workers on the weight-transfer route (`LLM.collective_rpc` takes
+    a function whose first argument is the worker: vllm/entrypoints/llm.py, vllm/v1/serial_utils.py
+    `run_method`); called by the extension's method on the other."""
+    import torch
+
+    sums = {}
+    with torch.no_grad():
+        for name, p in worker.model_runner.get_model().named_parameters():
+            flat = p.detach().reshape(-1)
+            total = torch.zeros((), dtype=torch.float64, device=flat.device)
+            for chunk in flat.split(_SUM_CHUNK):
+                total += chunk.double().sum()
+            sums[name] = float(total)
+    return sums
 
 
 EXTENSION = f"{WeightSyncExtension.__module__}.{WeightSyncExtension.__qualname__}"
@@ -106,16 +143,10 @@ def expected_change(old: Mapping[str, "object"], new: Mapping[str, "object"], *,
     return total
 
 
-def weight_payloads(state_dict: Mapping[str, "object"], *, tied: bool, limit: int = PAYLOAD_BYTES) -> Iterator[bytes]:
-    """torch.save'd {name: CPU tensor} dicts of at most about `limit` bytes each (a tensor larger
-    than `limit` goes alone). A tied `lm_head.weight` is left out: vLLM's models skip it."""
-    import torch
-
-    def saved(part: dict) -> bytes:
-        buf = io.BytesIO()
-        torch.save(part, buf)
-        return buf.getvalue()
-
+def weight_chunks(state_dict: Mapping[str, "object"], *, tied: bool,
+                  limit: int = PAYLOAD_BYTES) -> Iterator[dict]:
+    """{name: contiguous CPU tensor} dicts of at most about `limit` bytes each (a tensor larger than
+    `limit` goes alone). A tied `lm_head.weight` is left out: vLLM's models skip it."""
     part, size = {}, 0
     for name, tensor in state_dict.items():
         if tied and name == "lm_head.weight":
@@ -125,12 +156,62 @@ def weight_payloads(state_dict: Mapping[str, "object"], *, tied: bool, limit: in
         if not t.is_contiguous() or t.untyped_storage().nbytes() != nbytes:
             t = t.contiguous().clone()  # torch.save writes a view's whole storage
         if part and size + nbytes > limit:
-            yield saved(part)
+            yield part
             part, size = {}, 0
         part[name] = t
         size += nbytes
     if part:
-        yield saved(part)
+        yield part
+
+
+def weight_payloads(state_dict: Mapping[str, "object"], *, tied: bool, limit: int = PAYLOAD_BYTES) -> Iterator[bytes]:
+    """torch.save'd `weight_chunks` (the worker-extension route's payloads)."""
+    import torch
+
+    for part in weight_chunks(state_dict, tied=tied, limit=limit):
+        buf = io.BytesIO()
+        torch.save(part, buf)
+        yield buf.getvalue()
+
+
+def module_of(name: str) -> str:
+    """The module a checkpoint tensor belongs to, as wide as vLLM may fuse it: a decoder layer's
+    attention or MLP block as a whole ("model.layers.3.self_attn.q_proj.weight" ->
+    "model.layers.3.self_attn": q/k/v become one qkv_proj, gate/up one gate_up_proj), otherwise the
+    tensor's own module."""
+    parts = name.split(".")
+    for i in range(len(parts) - 2):
+        if parts[i] == "layers" and parts[i + 1].isdigit():
+            return ".".join(parts[: i + 3])
+    return ".".join(parts[:-1]) or name
+
+
+def complete_modules(changed: Mapping[str, "object"], previous: Mapping[str, "object"]) -> dict:
+    """`changed` plus, from `previous`, every other tensor of each module it touches: vLLM's
+    layer-by-layer reload rebuilds a layer from the tensors it is given, so it must get all of them.
+    The added tensors are what the engine holds already (the update check sees them not move)."""
+    touched = {module_of(name) for name in changed}
+    out = dict(changed)
+    for name, tensor in previous.items():
+        if name not in out and module_of(name) in touched:
+            out[name] = tensor
+    return out
+
+
+ROUTE_WEIGHT_TRANSFER = "weight_transfer"  # vLLM's RL weight-sync API, "ipc" backend (0.25+)
+ROUTE_EXTENSION = "worker_extension"  # worker_extension_cls + collective_rpc by name (0.10.2-0.24)
+WEIGHT_TRANSFER_SINCE = (0, 25)
+
+
+def update_route(version, environ: Mapping[str, str] = os.environ) -> str:
+    """Which way weights reach the engine for vLLM `version` (None: an unparsable dev build, taken
+    as current). The weight-transfer route needs pickled IPC handles through collective_rpc: with
+    VLLM_ALLOW_INSECURE_SERIALIZATION set to 0 by the user, the worker-extension route is used."""
+    if version is not None and version.release < WEIGHT_TRANSFER_SINCE:
+        return ROUTE_EXTENSION
+    if environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION", "1").strip() in ("0", ""):
+        return ROUTE_EXTENSION
+    return ROUTE_WEIGHT_TRANSFER
 
 
 def _vllm_version():
@@ -161,7 +242,9 @@ def _processed_logprobs_mode():
 class VLLMBackend:
     name = "vllm"
 
-    partial_updates = True  # load_weights takes any subset of the tensors
+    partial_updates = True  # the engine takes any subset of the tensors (whole modules on the IPC route)
+    route = ROUTE_EXTENSION  # set per engine in __init__ (`update_route`)
+    tensor_parallel_size = 1
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.85,
                  max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
@@ -177,6 +260,18 @@ class VLLMBackend:
         version = _vllm_version()
         # 0.10.0/0.10.1 compute "processed" log-probs before temperature and top-k/top-p
         self.logprobs_after_top_k_top_p = version is None or version.release >= (0, 10, 2)
+        self.route = update_route(version)
+        self.tensor_parallel_size = tensor_parallel_size
+        if self.route == ROUTE_WEIGHT_TRANSFER:
+            from vllm.config import WeightTransferConfig
+
+            # read by the engine core's process when it starts (vllm/envs.py): IPC handles are
+            # pickled through collective_rpc, as in vLLM's examples/rl/rlhf_ipc.py
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+            update_args = {"weight_transfer_config": WeightTransferConfig(backend="ipc")}
+        else:
+            update_args = {"worker_extension_cls": EXTENSION}
+        logger.info("vLLM %s: weights are updated through %s", version or "(dev build)", self.route)
         self.llm = LLM(
             model=model_dir,
             dtype=dtype,
@@ -187,8 +282,12 @@ class VLLMBackend:
             logprobs_mode=_processed_logprobs_mode(),
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
-            worker_extension_cls=EXTENSION,
+            **update_args,
         )
+        if self.route == ROUTE_WEIGHT_TRANSFER:
+            # the IPC backend needs no rendezvous; its init info is empty (packed=False, unpacked
+            # handles: the form 0.25-0.33 share)
+            self.llm.init_weight_transfer_engine({"init_info": {}})
         model_config = self.llm.llm_engine.model_config
         mode = getattr(model_config.logprobs_mode, "value", model_config.logprobs_mode)
         if mode != "processed_logprobs":
@@ -205,8 +304,11 @@ class VLLMBackend:
         by exactly what the new tensors' sums say (in the engine's dtype; garbage in vocabulary
         padding cancels out, and vLLM zero-fills it anyway)."""
         before = self._parameter_sums() if previous is not None else None
-        for payload in weight_payloads(state_dict, tied=self.tied):
-            self.llm.collective_rpc("gepo_load_weights", args=(payload,))
+        if self.route == ROUTE_WEIGHT_TRANSFER:
+            self._send_by_ipc(complete_modules(state_dict, previous) if previous is not None else state_dict)
+        else:
+            for payload in weight_payloads(state_dict, tied=self.tied):
+                self.llm.collective_rpc("gepo_load_weights", args=(payload,))
         # cached KV blocks were computed by the old weights (0.10/0.11 return None, 0.33 a bool)
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update (requests still running?)")
@@ -221,8 +323,54 @@ class VLLMBackend:
             raise RuntimeError(f"the vLLM engine did not take the new weights: its parameters moved by {moved:.6g}, "
                                f"the update by {expected:.6g}")
 
+    def _send_by_ipc(self, state_dict: Mapping[str, "object"]) -> None:
+        """One weight update through vLLM's weight-transfer API, "ipc" backend: each chunk is
+        copied onto every worker's GPU (tensor-parallel ranks are this process's first
+        `tensor_parallel_size` devices, vLLM's own placement on one node), exported as CUDA IPC
+        handles keyed by the GPU's UUID (what ipc_engine.py `receive_weights` looks up), and
+        sent. The copies stay alive until `finish_weight_update`: the layer-by-layer reload keeps
+        views of them until a layer is complete (vllm/distributed/weight_transfer/ipc_engine.py,
+        the trainer side, does the same), so an update needs that much free GPU memory beyond
+        the engine's share."""
+        import torch
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        devices = [torch.device("cuda", i) for i in range(self.tensor_parallel_size)]
+        uuids = [str(torch.cuda.get_device_properties(d).uuid) for d in devices]
+        staged = []
+        self.llm.start_weight_update()
+        try:
+            for part in weight_chunks(state_dict, tied=self.tied):
+                names, dtype_names, shapes, handles = [], [], [], []
+                for name, tensor in part.items():
+                    handle = {}
+                    for device, uuid in zip(devices, uuids):
+                        copy = tensor.to(device).contiguous()
+                        staged.append(copy)
+                        handle[uuid] = reduce_tensor(copy)[1]  # rebuild_cuda_tensor's arguments
+                    names.append(name)
+                    dtype_names.append(str(tensor.dtype).removeprefix("torch."))
+                    shapes.append(list(tensor.shape))
+                    handles.append(handle)
+                torch.cuda.synchronize()
+                self.llm.update_weights({"update_info": {"names": names, "dtype_names": dtype_names,
+                                                         "shapes": shapes, "ipc_handles": handles}})
+        except BaseException:
+            try:  # close the session (a worker whose update failed has closed its own and refuses)
+                self.llm.finish_weight_update()
+            except Exception as exc:  # the first error is the one to report
+                logger.debug("finish_weight_update after a failed update: %s", exc)
+            raise
+        else:
+            self.llm.finish_weight_update()
+        finally:
+            staged.clear()
+            torch.cuda.ipc_collect()
+
     def _parameter_sums(self) -> dict[str, float]:
         # every tensor-parallel rank answers for the parameters (or shards) it holds
+        if self.route == ROUTE_WEIGHT_TRANSFER:
+            return combine_rank_sums(self.llm.collective_rpc(worker_parameter_sums))
         return combine_rank_sums(self.llm.collective_rpc("gepo_parameter_sums"))
 
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:

@@ -13,7 +13,7 @@ from swarm.tasks.synthetic import ArithmeticTask
 @pytest.fixture(scope="module")
 def backend():
     model, tokenizer = load_policy("embedded")
-    return TransformersBackend(model, tokenizer, batch_size=8)
+    return TransformersBackend(model, tokenizer, batch_tokens=1024)  # several calls per test
 
 
 def pad_batch(gens, tokenizer):
@@ -53,6 +53,21 @@ def test_sampler_logprobs_equal_learner_recompute(backend, params):
     diff = ((learner - s_lp).abs() * c_mask).max().item()
     assert diff <= 1e-4, diff
     assert torch.isfinite(learner[c_mask.bool()]).all()
+
+
+def test_a_static_kv_cache_samples_and_records_as_the_learner_recomputes(backend):
+    """The CUDA path's static KV cache (compiled by transformers on a GPU, not here): the same
+    agreement with the learner, and the same completions for the same seed as the dynamic cache."""
+    static = TransformersBackend(backend.model, backend.tokenizer, static_cache=True)
+    assert static.static_cache and not backend.static_cache  # on by itself only on CUDA
+    prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:3]]
+    sp = SamplingParams(num_completions=2, max_new_tokens=10, seed=5, temperature=0.8, top_p=0.9)
+    gens = static.generate(prompts, sp)
+    p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)
+    with torch.no_grad():
+        learner = completion_logprobs(backend.model, p_ids, p_mask, c_ids, c_mask, temperature=0.8, top_p=0.9)
+    assert ((learner - s_lp).abs() * c_mask).max().item() <= 1e-4
+    assert [g.completion_ids for g in gens] == [g.completion_ids for g in backend.generate(prompts, sp)]
 
 
 def test_groups_eos_and_lengths(backend):
@@ -143,3 +158,44 @@ def test_tokens_outside_the_learners_top_k_stay_finite(backend):
     assert (learner[c_mask == 0] == 0).all()
     out = compute_loss(LossInputs(learner, s_lp, c_mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.tensor([0, 0, 1, 1])))
     assert torch.isfinite(out.loss)
+
+
+def test_each_generate_call_holds_at_most_its_token_budget_of_rows(backend):
+    """Rows per call follow a token budget, rows x (longest prompt + new tokens), so the KV cache is
+    bounded whatever the prompts' lengths; every prompt is in exactly one call, in order, and a
+    prompt alone over the budget still gets its call."""
+    tokenizer = backend.tokenizer
+    prompts = [p.prompt * (1 + i % 3) for i, p in enumerate(ArithmeticTask(2).problems("test")[:11])]
+    params = SamplingParams(num_completions=4, max_new_tokens=16)
+    lengths = {p: len(tokenizer(p)["input_ids"]) for p in prompts}
+    small = TransformersBackend(backend.model, tokenizer, batch_tokens=4 * (max(lengths.values()) + 16) * 3)
+    calls = small.batches(prompts, params)
+    assert [p for call in calls for p in call] == prompts
+    assert len(calls) > 1
+    for call in calls:
+        assert len(call) * 4 * (max(lengths[p] for p in call) + 16) <= small.batch_tokens
+    tiny = TransformersBackend(backend.model, tokenizer, batch_tokens=1)
+    assert [len(call) for call in tiny.batches(prompts, params)] == [1] * len(prompts)
+
+
+def test_the_models_own_sampling_settings_neither_change_what_is_sampled_nor_what_is_recorded(backend):
+    """A model's generation_config may set top-k, top-p or a temperature; generate would apply them
+    after any logits processor it is given. Here it would keep only the most likely token: sampling
+    must still follow the run's settings, recorded as the learner recomputes them."""
+    config = backend.model.generation_config
+    saved = (config.top_k, config.top_p, config.temperature)
+    config.top_k, config.top_p, config.temperature = 1, 0.5, 0.1
+    try:
+        prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:4]]
+        sp = SamplingParams(num_completions=4, max_new_tokens=12, seed=3, temperature=3.0)
+        gens = backend.generate(prompts, sp)
+    finally:
+        config.top_k, config.top_p, config.temperature = saved
+    p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)
+    with torch.no_grad():
+        learner = completion_logprobs(backend.model, p_ids, p_mask, c_ids, c_mask, temperature=3.0)
+        logits = backend.model(input_ids=torch.cat([p_ids, c_ids], 1), attention_mask=torch.cat([p_mask, c_mask], 1),
+                               position_ids=(torch.cat([p_mask, c_mask], 1).cumsum(-1) - 1).clamp(min=0)).logits
+    assert ((learner - s_lp).abs() * c_mask).max().item() <= 1e-4
+    most_likely = logits[:, p_ids.size(1) - 1 : -1].argmax(-1)
+    assert ((most_likely != c_ids) & c_mask.bool()).any()  # not only the top token: the config's top_k=1 was not applied
