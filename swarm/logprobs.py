@@ -49,6 +49,71 @@ def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, to
     return (chosen - torch.logsumexp(processed, dim=-1)).clamp(min=MIN_LOGPROB)
 
 
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """log p(token) under softmax(hidden @ weight.T / temperature), a chunk of rows at a time, with
+    its own backward: only one chunk's (rows, vocabulary) logits exist at once, in forward and again
+    in backward, and each full-vocabulary pass is done once (in place where it can be).
+
+    The output layer, log-softmax and gather of a learner step in one function, as Liger-Kernel's
+    fused linear cross-entropy does for a cross-entropy loss (github.com/linkedin/Liger-Kernel,
+    ops/fused_linear_cross_entropy.py). Its gradient there is taken in forward, since the loss's
+    gradient is known then; a policy loss's gradient per token is known only once every token's
+    log-prob is, so backward recomputes each chunk's logits: one more pass of the output layer than
+    a whole-logits step, against (chunk_count - 1) / chunk_count of its memory. Against the
+    checkpointed per-chunk path this saves a second log-softmax, the temperature divisions of the
+    recompute and the zero-filled gradient of the gather (profile: benchmarks/learner_step.py).
+
+    hidden (N, H), weight (V, H) (a Linear head without bias; tied to the embedding or not),
+    tokens (N,) -> (N,) float32, floored at MIN_LOGPROB (no gradient below the floor)."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, chunk: int) -> Tensor:
+        # under autocast the logits are computed in its dtype, as the model's own head would be; backward
+        # (not under autocast) does the same by hand
+        compute = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
+        out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
+        totals = torch.empty_like(out)
+        w = weight.to(compute)
+        for start in range(0, hidden.size(0), chunk):
+            end = start + chunk
+            logits = (hidden[start:end].to(compute) @ w.t()).float()
+            if temperature != 1.0:
+                logits.div_(temperature)
+            totals[start:end] = torch.logsumexp(logits, dim=-1)
+            out[start:end] = logits.gather(-1, tokens[start:end, None]).squeeze(-1) - totals[start:end]
+        ctx.save_for_backward(hidden, weight, tokens, totals, out)
+        ctx.temperature, ctx.chunk, ctx.compute = temperature, chunk, compute
+        return out.clamp(min=MIN_LOGPROB)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        hidden, weight, tokens, totals, out = ctx.saved_tensors
+        grad = grad.float() * (out >= MIN_LOGPROB)  # the floor passes no gradient
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        # summed over chunks in float32 at least (a bf16 sum of many chunks would lose the small ones)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(ctx.compute, torch.float32),
+                                  device=weight.device) if ctx.needs_input_grad[1] else None
+        w = weight.to(ctx.compute)
+        for start in range(0, hidden.size(0), ctx.chunk):
+            end = start + ctx.chunk
+            h = hidden[start:end].to(ctx.compute)
+            g = grad[start:end, None]
+            logits = (h @ w.t()).float()
+            if ctx.temperature != 1.0:
+                logits.div_(ctx.temperature)
+            # d log p(y) / d logits = onehot(y) - softmax(logits): times the incoming gradient, in place
+            dlogits = logits.sub_(totals[start:end, None]).exp_().mul_(-g)
+            dlogits.scatter_add_(1, tokens[start:end, None], g)
+            if ctx.temperature != 1.0:
+                dlogits.div_(ctx.temperature)
+            dlogits = dlogits.to(ctx.compute)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = (dlogits @ w).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += (dlogits.t() @ h).to(grad_weight.dtype)
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
 def completion_logprobs(
     model,
     prompt_ids: Tensor,
@@ -87,18 +152,22 @@ def completion_logprobs(
         hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                          use_cache=False).last_hidden_state[:, tp - 1 : -1, :]
 
-        def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
-            return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
-
         b, t = completion_ids.shape
         flat_hidden, flat_tokens = hidden.reshape(b * t, -1), completion_ids.reshape(b * t)
-        parts = []
-        for start in range(0, b * t, chunk):
-            h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
-            if torch.is_grad_enabled() and h.requires_grad:
-                # backward recomputes this chunk's logits instead of keeping them
-                parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
-            else:
-                parts.append(chunk_logprobs(h, tokens))
-        logprobs = torch.cat(parts).reshape(b, t)
+        if isinstance(head, torch.nn.Linear) and head.bias is None and not top_k and top_p >= 1.0:
+            logprobs = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk).reshape(b, t)
+        else:  # top-k / top-p filter the logits first, a biased head adds to them: the checkpointed path
+
+            def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
+                return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
+
+            parts = []
+            for start in range(0, b * t, chunk):
+                h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
+                if torch.is_grad_enabled() and h.requires_grad:
+                    # backward recomputes this chunk's logits instead of keeping them
+                    parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
+                else:
+                    parts.append(chunk_logprobs(h, tokens))
+            logprobs = torch.cat(parts).reshape(b, t)
     return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob
