@@ -153,21 +153,24 @@ def completion_logprobs(
                          use_cache=False).last_hidden_state[:, tp - 1 : -1, :]
 
         b, t = completion_ids.shape
-        flat_hidden, flat_tokens = hidden.reshape(b * t, -1), completion_ids.reshape(b * t)
+        # the output layer runs on real completion tokens only: padding's logits are never computed
+        real = completion_mask.reshape(b * t).bool()
+        flat_hidden, flat_tokens = hidden.reshape(b * t, -1)[real], completion_ids.reshape(b * t)[real]
         if isinstance(head, torch.nn.Linear) and head.bias is None and not top_k and top_p >= 1.0:
-            logprobs = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk).reshape(b, t)
+            picked = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk)
         else:  # top-k / top-p filter the logits first, a biased head adds to them: the checkpointed path
 
             def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
                 return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
 
             parts = []
-            for start in range(0, b * t, chunk):
+            for start in range(0, flat_tokens.size(0), chunk):
                 h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
                 if torch.is_grad_enabled() and h.requires_grad:
                     # backward recomputes this chunk's logits instead of keeping them
                     parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
                 else:
                     parts.append(chunk_logprobs(h, tokens))
-            logprobs = torch.cat(parts).reshape(b, t)
+            picked = torch.cat(parts) if parts else flat_hidden.new_zeros(0, dtype=torch.float32)
+        logprobs = picked.new_zeros(b * t).masked_scatter(real, picked).reshape(b, t)
     return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob
