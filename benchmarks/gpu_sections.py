@@ -1,0 +1,531 @@
+"""The sections of `python -m benchmarks.gpu_check` (see its docstring), each a function of a `Run`
+that returns its figures, and the sizes they run at: Qwen3-0.6B's shape (FULL) or a tiny one on CPU
+(SMALL, `--small`).
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, NamedTuple
+
+import torch
+
+from swarm.fabric.weights.delta import THREADS, apply_payload_verified, encode_delta, encode_snapshot, state_hash
+from swarm.generation import SamplingParams
+from swarm.generation.transformers_backend import TransformersBackend
+from swarm.logprobs import completion_logprobs
+from swarm.rollouts import RolloutGroup
+from swarm.training import LearnerCore
+from swarm.verification import completion_gaps
+
+SECTIONS = ("demo", "sampler", "learner", "delta", "verification_gap", "vllm_sampler")
+PAD = 0
+QWEN3_0_6B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True)
+# dense bf16 tensor-core peak, TFLOPS, by a part of torch.cuda.get_device_name() (first match)
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("A100", 312.0),
+                    ("L4", 121.0), ("RTX 4090", 165.0))
+GAP_GOAL_COMPLETIONS = 1000
+
+
+class Shape(NamedTuple):
+    prompts: int  # prompts, or groups
+    completions: int  # per prompt
+    prompt_tokens: int
+    new_tokens: int
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.completions
+
+
+@dataclass(frozen=True)
+class Size:
+    label: str
+    model: dict
+    sampler: Shape
+    learner: Shape  # groups per step; micro-batches of each of `micro_batches` groups
+    micro_batches: tuple[int, ...]
+    delta_step: Shape
+    gap: Shape
+    gap_rows_per_call: int
+    vllm: Shape
+    demo: tuple[str, ...]
+    budgets: dict[str, float]  # seconds per section; the whole check stops at `total_s`
+    total_s: float
+
+
+FULL = Size("full", QWEN3_0_6B, sampler=Shape(16, 8, 128, 256), learner=Shape(4, 8, 128, 1024), micro_batches=(1, 2, 4),
+            delta_step=Shape(2, 4, 64, 128), gap=Shape(128, 8, 32, 256), gap_rows_per_call=512, vllm=Shape(16, 8, 128, 256),
+            demo=("--steps", "5", "--groups-per-step", "16", "--eval-problems", "50"),
+            budgets=dict(demo=100, sampler=60, learner=55, delta=45, verification_gap=70, vllm_sampler=120), total_s=465)
+SMALL = Size("small", TINY, sampler=Shape(2, 2, 8, 8), learner=Shape(4, 2, 8, 16), micro_batches=(1, 2, 4),
+             delta_step=Shape(2, 2, 8, 8), gap=Shape(3, 2, 8, 8), gap_rows_per_call=4, vllm=Shape(2, 2, 8, 8),
+             demo=("--steps", "2", "--groups-per-step", "2", "--num-generations", "2", "--samplers", "1",
+                   "--prompts-per-round", "2", "--eval-problems", "4", "--eval-samples", "1"),
+             budgets=dict(demo=90, sampler=40, learner=40, delta=40, verification_gap=40, vllm_sampler=40), total_s=270)
+
+
+@dataclass
+class Run:
+    """What a section is given: the size, where it runs, and its clock."""
+
+    size: Size
+    device: str
+    dtype: str  # the samplers' dtype and the learner's autocast ("float32": none)
+    t0: float  # when the whole check started (progress lines count from it)
+    deadline: float  # when this section should be done (time.time())
+    section: str = ""
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def say(self, text: str) -> None:
+        print(f"[gpu_check {time.time() - self.t0:6.1f}s] {self.section}: {text}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+def build_model(run: Run, seed: int = 0) -> torch.nn.Module:
+    """A Qwen3 policy of the size's shape with random (seeded) float32 weights, made on the device."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    vocab = run.size.model["vocab_size"]
+    config = Qwen3Config(**run.size.model, bos_token_id=PAD, eos_token_id=vocab - 1, pad_token_id=PAD)
+    with torch.device(run.device):
+        return Qwen3ForCausalLM(config)
+
+
+def eos_of(model) -> int:
+    return model.config.vocab_size - 1  # a random policy samples it about once in 150,000 tokens
+
+
+def stand_in_tokenizer(model) -> SimpleNamespace:
+    return SimpleNamespace(pad_token_id=PAD, eos_token_id=eos_of(model), padding_side="left")  # all sample() reads
+
+
+def random_prompts(shape: Shape, vocab: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, prompt tokens) ids, each prompt repeated for its completions, and the attention mask."""
+    ids = torch.randint(1, vocab - 1, (shape.prompts, shape.prompt_tokens), generator=torch.Generator().manual_seed(seed))
+    ids = ids.repeat_interleave(shape.completions, dim=0).to(device)
+    return ids, torch.ones_like(ids)
+
+
+def completion_mask(new_tokens: torch.Tensor, eos: int) -> torch.Tensor:
+    """1.0 up to and including each row's first EOS (generate pads after it)."""
+    is_eos = (new_tokens == eos).long()
+    return ((is_eos.cumsum(-1) - is_eos) == 0).float()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(run: Run, fn: Callable, *args, **kwargs):
+    sync(run.device)
+    started = time.perf_counter()
+    out = fn(*args, **kwargs)
+    sync(run.device)
+    return out, time.perf_counter() - started
+
+
+def status_kib(name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(name + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+class PeakMemory:
+    """Peak memory while inside, absolute and above what was held on entry: CUDA's allocator, or on
+    a CPU the process's resident peak (VmHWM, reset through /proc/self/clear_refs); None elsewhere."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.base: int | None = None
+        self.peak: int | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return self
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            rss = status_kib("VmRSS")
+            self.base = None if rss is None else rss * 1024
+        except OSError:
+            self.base = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated()
+        elif self.base is not None:
+            hwm = status_kib("VmHWM")
+            self.peak = None if hwm is None else hwm * 1024
+
+    @property
+    def above(self) -> int | None:
+        return None if self.peak is None or self.base is None else self.peak - self.base
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def parameter_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def peak_tflops(run: Run) -> float | None:
+    if not run.cuda or run.dtype not in ("bfloat16", "float16"):
+        return None
+    name = torch.cuda.get_device_name().lower()
+    return next((tflops for part, tflops in PEAK_BF16_TFLOPS if part.lower() in name), None)
+
+
+def synthetic_groups(shape: Shape, vocab: int, seed: int = 0) -> list[RolloutGroup]:
+    """Random tokens, full length, rewards half 1 and half 0; q = the uniform distribution's, about
+    what a random policy gives (so the loss is near on-policy)."""
+    g = torch.Generator().manual_seed(seed)
+    uniform = -math.log(vocab)
+    return [RolloutGroup(f"p{i}", torch.randint(1, vocab - 1, (shape.prompt_tokens,), generator=g).tolist(),
+                         torch.randint(1, vocab - 1, (shape.completions, shape.new_tokens), generator=g).tolist(),
+                         [[uniform] * shape.new_tokens for _ in range(shape.completions)],
+                         [float(c % 2) for c in range(shape.completions)], version=0, sampler_id="gpu_check")
+            for i in range(shape.prompts)]
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+def demo(run: Run) -> dict:
+    """`swarm demo` in its own processes; SIGINT (its Ctrl-C, which stops every peer) when over budget."""
+    run_dir = Path(tempfile.mkdtemp(prefix="gpu_check_demo_")) / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not run.cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the peers' --device auto then takes the CPU
+    cmd = [sys.executable, "-m", "swarm.cli", "demo", "--run-dir", str(run_dir), *run.size.demo]
+    run.say(" ".join(cmd[2:]))
+    log = run_dir.with_name("demo.log")
+    started = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            proc.wait(timeout=max(run.left() - 25, 5))  # leaves its Ctrl-C time to stop every peer
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    steps_file = run_dir / "learner" / "steps.jsonl"
+    steps = steps_file.read_text().splitlines() if steps_file.exists() else []
+    evals = json.loads((run_dir / "evals.json").read_text()) if (run_dir / "evals.json").exists() else []
+    figures = {"command": " ".join(cmd[2:]), "returncode": proc.returncode, "demo_s": time.time() - started,
+               "learner_steps": len(steps), "peers_device": "cuda" if run.cuda else "cpu"}
+    if evals:
+        figures.update(before=evals[0], after=evals[-1])
+    if proc.returncode != 0:  # the run directory is kept, to be read
+        figures["error"] = f"swarm demo exited with {proc.returncode} after {figures['demo_s']:.0f} s " \
+                           f"(budget {run.size.budgets['demo']:.0f} s); its output ends with:\n{log.read_text()[-1500:]}"
+        figures["run_dir"] = str(run_dir)
+    else:
+        shutil.rmtree(run_dir.parent, ignore_errors=True)
+    return figures
+
+
+def sampler(run: Run) -> dict:
+    model = build_model(run).to(run.torch_dtype).eval()
+    backend = TransformersBackend(model, stand_in_tokenizer(model))
+    shape = run.size.sampler
+    ids, mask = random_prompts(shape, model.config.vocab_size, run.device)
+    params = SamplingParams(num_completions=shape.completions, max_new_tokens=shape.new_tokens)
+    weights = torch.cuda.memory_allocated() if run.cuda else None  # CUDA graphs keep some of a call's memory after it
+    with PeakMemory(run.device) as warm:
+        (_, warm_s) = timed(run, backend.sample, ids, mask, params)  # on CUDA: compiles the static-cache step
+    run.say(f"warm-up {warm_s:.1f} s (static KV cache: {backend.static_cache})")
+    best, tokens, memory = math.inf, 0, None
+    for attempt in range(3):
+        if attempt and run.left() < 2 * best:
+            break
+        torch.manual_seed(attempt)
+        with PeakMemory(run.device) as meter:
+            (new_tokens, _), seconds = timed(run, backend.sample, ids, mask, params)
+        if seconds < best:
+            best, memory = seconds, meter.peak - weights if run.cuda else meter.above
+            tokens = int(completion_mask(new_tokens, eos_of(model)).sum())
+    return {"rows": shape.rows, "prompt_tokens": shape.prompt_tokens, "new_tokens": shape.new_tokens, "dtype": run.dtype,
+            "static_kv_cache": backend.static_cache, "parameters": sum(p.numel() for p in model.parameters()),
+            "weights_bytes": parameter_bytes(model), "warmup_s": warm_s, "sample_s": best, "completion_tokens": tokens,
+            "tokens_per_s": tokens / best, "peak_bytes_above_weights": memory,
+            "warmup_peak_bytes_above_weights": warm.peak - weights if run.cuda else warm.above,
+            "memory_source": "torch.cuda.max_memory_allocated" if run.cuda else "process VmHWM - VmRSS (CPU)"}
+
+
+def set_checkpointing(model, on: bool) -> None:
+    """LearnerCore turns checkpointing on; off it needs turning explicitly (names changed in transformers 5)."""
+    is_on = getattr(model, "is_activation_checkpointing", None)
+    if not on and (model.is_gradient_checkpointing if is_on is None else is_on):
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+
+
+def learner_config(run: Run, model, groups: list[RolloutGroup], micro: int, checkpointing: bool) -> dict:
+    free_memory(run.device)  # what a previous configuration's out-of-memory error held
+    set_checkpointing(model, checkpointing)
+    autocast = run.torch_dtype if run.dtype != "float32" else None
+    shape = run.size.learner
+    tokens = shape.rows * (shape.prompt_tokens + shape.new_tokens)
+    row = {"micro_batch_groups": micro, "gradient_checkpointing": checkpointing, "tokens_per_step": tokens}
+    core = LearnerCore(model, PAD, learning_rate=1e-6, lr_warmup_steps=0, micro_batch_groups=micro,
+                       gradient_checkpointing=checkpointing, autocast_dtype=autocast)
+    try:
+        core.step(groups)  # warm-up: allocates AdamW's state
+        with PeakMemory(run.device) as meter:
+            _, seconds = timed(run, core.step, groups)
+    except torch.cuda.OutOfMemoryError as exc:
+        return {**row, "out_of_memory": str(exc).splitlines()[0][:300]}
+    finally:
+        del core
+        model.zero_grad(set_to_none=True)
+        free_memory(run.device)
+    params = sum(p.numel() for p in model.parameters())
+    peak = peak_tflops(run)
+    model_flops, hardware_flops = 6 * params * tokens, (8 if checkpointing else 6) * params * tokens
+    return {**row, "step_s": seconds, "tokens_per_s": tokens / seconds, "peak_bytes": meter.peak,
+            "step_bytes_above_state": meter.above,
+            "model_flops_share": model_flops / seconds / (peak * 1e12) if peak else None,
+            "hardware_flops_share": hardware_flops / seconds / (peak * 1e12) if peak else None}
+
+
+def learner(run: Run) -> dict:
+    model = build_model(run)
+    groups = synthetic_groups(run.size.learner, model.config.vocab_size)
+    rows = []
+    for checkpointing in (False, True):
+        for micro in run.size.micro_batches:
+            if run.left() < 5:
+                rows.append({"micro_batch_groups": micro, "gradient_checkpointing": checkpointing,
+                             "skipped": "the section's time budget was spent"})
+                continue
+            rows.append(learner_config(run, model, groups, micro, checkpointing))
+            run.say(f"micro-batch {micro}, checkpointing {checkpointing}: "
+                    + (f"{rows[-1]['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in rows[-1] else "out of memory"))
+    shape = run.size.learner
+    return {"parameters": sum(p.numel() for p in model.parameters()), "master_dtype": "float32",
+            "autocast": run.dtype if run.dtype != "float32" else None, "groups_per_step": shape.prompts,
+            "completions_per_group": shape.completions, "prompt_tokens": shape.prompt_tokens,
+            "completion_tokens": shape.new_tokens, "peak_tflops": peak_tflops(run),
+            "gpu": torch.cuda.get_device_name() if run.cuda else None, "configs": rows}
+
+
+def published(model, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The version a learner publishes: its state in bf16 (what GPU samplers run), on the host."""
+    return {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu() for k, v in model.state_dict().items()}
+
+
+def delta(run: Run) -> dict:
+    model = build_model(run)
+    core = LearnerCore(model, PAD, learning_rate=1e-6, lr_warmup_steps=0,
+                       autocast_dtype=run.torch_dtype if run.dtype != "float32" else None)
+    before = published(model)
+    _, step_s = timed(run, core.step, synthetic_groups(run.size.delta_step, model.config.vocab_size))
+    new, publish_s = timed(run, published, model)
+    payload, encode_s = timed(run, encode_delta, before, new, base_version=0, version=1)
+    (version, state, digest, kind), apply_s = timed(run, apply_payload_verified, payload, before)
+    expected, hash_s = timed(run, state_hash, new)
+    if (version, kind, digest) != (1, "delta", expected):
+        raise RuntimeError(f"the delta applied to version {version} ({kind}), hash {digest[:12]}, not {expected[:12]}")
+    snapshot, snapshot_s = timed(run, encode_snapshot, new, 1)
+    elements = sum(t.numel() for t in new.values())
+    changed = sum(int((before[k] != new[k]).sum()) for k in new)
+    snapshot_bytes = sum(t.numel() * t.element_size() for t in new.values())
+    return {"parameters": sum(p.numel() for p in model.parameters()), "published_elements": elements,
+            "learning_rate": 1e-6, "optimizer_step_s": step_s, "publish_s": publish_s, "changed_fraction": changed / elements,
+            "delta_bytes": len(payload), "delta_fraction": len(payload) / snapshot_bytes, "snapshot_bytes": len(snapshot),
+            "encode_s": encode_s, "apply_verify_s": apply_s, "state_hash_s": hash_s, "snapshot_encode_s": snapshot_s,
+            "threads": THREADS}
+
+
+def on_bf16_grid(model) -> None:
+    """Float32 weights that are bf16 values: what a learner's verifier loads from a published version."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+
+
+@torch.no_grad()
+def recompute(model, ids, mask, new_tokens, comp_mask, rows: int) -> torch.Tensor:
+    """The learner's float32 log-probs of the sampled tokens, `rows` sequences at a time."""
+    return torch.cat([completion_logprobs(model, ids[s:s + rows], mask[s:s + rows], new_tokens[s:s + rows],
+                                          comp_mask[s:s + rows], chunk=2048) for s in range(0, ids.size(0), rows)])
+
+
+def gap_of(run: Run, learner_model, dtype: str, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    shape, per_call = run.size.gap, run.size.gap_rows_per_call
+    sampler_model = copy.deepcopy(learner_model).to(getattr(torch, dtype))
+    # dynamic KV cache, no compiled step: the static cache's step agrees with it (tests), and compiling
+    # for two dtypes would cost more than sampling the completions does
+    backend = TransformersBackend(sampler_model, stand_in_tokenizer(learner_model), static_cache=False)
+    params = SamplingParams(num_completions=shape.completions, max_new_tokens=shape.new_tokens)
+    gaps, token_max, tokens, sample_s, stopped = [], 0.0, 0, 0.0, False
+    started = time.time()
+    for start in range(0, ids.size(0), per_call):
+        if start and run.left() < 1.5 * (time.time() - started) / (start / per_call) + 5:  # another call would not fit
+            stopped = True
+            break
+        torch.manual_seed(start)
+        (new_tokens, claimed), seconds = timed(run, backend.sample, ids[start:start + per_call], mask[start:start + per_call], params)
+        sample_s += seconds
+        comp_mask = completion_mask(new_tokens, eos_of(learner_model))
+        recomputed = recompute(learner_model, ids[start:start + per_call], mask[start:start + per_call], new_tokens,
+                               comp_mask, rows=max(1, per_call // 8))
+        claimed = claimed.float() * comp_mask
+        gaps += completion_gaps(claimed, recomputed, comp_mask).tolist()
+        token_max = max(token_max, float(((claimed - recomputed).abs() * comp_mask).max()))
+        tokens += int(comp_mask.sum())
+    del backend, sampler_model
+    free_memory(run.device)
+    run.say(f"{dtype}: {len(gaps)} completions, gap max {max(gaps):.3g}")
+    return {"completions": len(gaps), "tokens": tokens, "sample_s": sample_s, "gap_max": max(gaps),
+            "gap_p999": quantile(gaps, 0.999), "gap_p99": quantile(gaps, 0.99), "gap_p50": quantile(gaps, 0.5),
+            "token_gap_max": token_max, "stopped_by_budget": stopped,
+            "goal_met": len(gaps) >= GAP_GOAL_COMPLETIONS if run.size.label == "full" else None}
+
+
+def verification_gap(run: Run) -> dict:
+    learner_model = build_model(run).eval()
+    on_bf16_grid(learner_model)
+    ids, mask = random_prompts(run.size.gap, learner_model.config.vocab_size, run.device, seed=1)
+    shape = run.size.gap
+    return {"completions_asked": shape.rows, "new_tokens": shape.new_tokens, "prompt_tokens": shape.prompt_tokens,
+            "learner_dtype": "float32", "by_sampler_dtype": {d: gap_of(run, learner_model, d, ids, mask)
+                                                              for d in ("bfloat16", "float16")}}
+
+
+def word_tokenizer(vocab: int):
+    """A tokenizer whose every id is a word ("t0" ... "t{vocab-1}"): vLLM decodes whatever a random
+    policy samples, and prompts are plain text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    inner = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t1"))
+    inner.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="t1", pad_token=f"t{PAD}", eos_token=f"t{vocab - 1}")
+
+
+def model_dir(run: Run, model, where: Path) -> dict:
+    """The policy saved in the run's dtype with its word tokenizer; the tokenizer and config read back."""
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model.to(run.torch_dtype).save_pretrained(where)
+    word_tokenizer(model.config.vocab_size).save_pretrained(where)
+    tokenizer, config = AutoTokenizer.from_pretrained(where), AutoConfig.from_pretrained(where)
+    if tokenizer("t5 t9")["input_ids"] != [5, 9] or tokenizer.decode([7]) != "t7" or config.vocab_size != len(tokenizer):
+        raise RuntimeError(f"the saved model directory {where} does not load back as saved")
+    return {"bytes": sum(f.stat().st_size for f in where.iterdir()), "tokenizer_size": len(tokenizer)}
+
+
+def vllm_gap(backend, learner_model, state: dict, prompts: list[str], run: Run) -> float:
+    learner_model.load_state_dict({k: v.to(run.device) for k, v in state.items()}, strict=True)
+    gens = backend.generate(prompts, SamplingParams(num_completions=2, max_new_tokens=32, seed=3))
+    gaps = []
+    for gen in gens:
+        for tokens, claimed in zip(gen.completion_ids, gen.completion_logprobs):
+            ids = torch.tensor([gen.prompt_ids], device=run.device)
+            comp = torch.tensor([tokens], device=run.device)
+            ones = torch.ones_like(comp, dtype=torch.float)
+            recomputed = recompute(learner_model, ids, torch.ones_like(ids), comp, ones, rows=1)
+            gaps += completion_gaps(torch.tensor([claimed], device=run.device), recomputed, ones).tolist()
+    return max(gaps)
+
+
+def vllm_sampler(run: Run) -> dict:
+    import importlib.util
+
+    model = build_model(run)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_vllm_") as where:
+        held = published(model, run.torch_dtype)  # what the saved directory holds
+        directory = model_dir(run, copy.deepcopy(model), Path(where))
+        if not run.cuda or importlib.util.find_spec("vllm") is None:
+            return {"skipped": f"vLLM runs on CUDA only (--device {run.device})" if not run.cuda
+                    else "vllm is not installed (pip install -e '.[vllm]')", "model_dir_checked": directory}
+        return {"model_dir_checked": directory, **vllm_figures(run, model, held, where)}
+
+
+def vllm_figures(run: Run, model, held: dict[str, torch.Tensor], where: str) -> dict:
+    from swarm.generation.vllm_backend import VLLMBackend
+
+    shape = run.size.vllm
+    free_memory(run.device)  # vLLM sizes its share from the device's free memory
+    free_before = torch.cuda.mem_get_info()[0]
+    backend, start_s = timed(run, VLLMBackend, where, dtype=run.dtype, gpu_memory_utilization=0.35,
+                             max_model_len=shape.prompt_tokens + shape.new_tokens + 64)
+    engine_bytes = free_before - torch.cuda.mem_get_info()[0]
+    ids, _ = random_prompts(Shape(shape.prompts, 1, shape.prompt_tokens, 0), model.config.vocab_size, "cpu")
+    prompts = [" ".join(f"t{i}" for i in row) for row in ids.tolist()]
+    params = SamplingParams(num_completions=shape.completions, max_new_tokens=shape.new_tokens, seed=0)
+    backend.generate(prompts[:2], params)
+    gens, seconds = timed(run, backend.generate, prompts, params)
+    tokens = sum(g.num_tokens() for g in gens)
+    run.say(f"{tokens / seconds:.0f} tokens/s; in-place update ...")
+    noise = torch.Generator().manual_seed(1)
+    new = {k: (v.float() + 0.01 * torch.randn(v.shape, generator=noise)).to(v.dtype) for k, v in held.items()}
+    if model.config.tie_word_embeddings:
+        new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    _, update_s = timed(run, backend.load_state_dict, new, previous=held)  # raises where the engine did not take it
+    learner_model = model.float().eval()
+    gap_new = vllm_gap(backend, learner_model, new, prompts[:4], run)
+    gap_old = vllm_gap(backend, learner_model, held, prompts[:4], run)
+    return {"engine_start_s": start_s, "engine_gpu_bytes": engine_bytes,
+            "gpu_memory_utilization": 0.35, "completion_tokens": tokens, "generate_s": seconds, "tokens_per_s": tokens / seconds,
+            "update_route": backend.route, "update_s": update_s, "update_checked": True,
+            "gap_max_to_new_weights": gap_new, "gap_max_to_old_weights": gap_old}
+
+
+SECTION_FUNCTIONS: dict[str, Callable[[Run], dict]] = {
+    "demo": demo, "sampler": sampler, "learner": learner, "delta": delta, "verification_gap": verification_gap,
+    "vllm_sampler": vllm_sampler}
+
+
+# --------------------------------------------------------------------------------------------- running
+

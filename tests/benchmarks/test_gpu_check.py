@@ -1,0 +1,87 @@
+"""The GPU check (benchmarks/gpu_check.py) at its tiny size on CPU: every section runs the code the
+GPU run does, each in its own process, so that only the CUDA-only calls are new on a GPU."""
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTIONS = {"demo", "sampler", "learner", "delta", "verification_gap", "vllm_sampler"}
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_small_gpu_check_runs_every_section_on_cpu(tmp_path):
+    started = time.time()
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    result = json.loads((tmp_path / "gpu_check_small.json").read_text())
+    sections = result["sections"]
+    assert set(sections) == SECTIONS
+    assert not [name for name, r in sections.items() if "error" in r], sections
+    assert result["size"] == "small" and result["device"] == "cpu" and time.time() - started < 300
+
+    demo = sections["demo"]
+    assert demo["returncode"] == 0 and demo["learner_steps"] == 2 and 0 <= demo["after"]["pass_at_1"] <= 1
+
+    sampler = sections["sampler"]
+    assert positive(sampler["tokens_per_s"]) and positive(sampler["sample_s"]) and positive(sampler["completion_tokens"]) and positive(sampler["weights_bytes"])
+    assert sampler["static_kv_cache"] is False  # CUDA only
+    assert sampler["peak_bytes_above_weights"] is None or sampler["peak_bytes_above_weights"] >= 0
+
+    learner = sections["learner"]
+    configs = {(c["micro_batch_groups"], c["gradient_checkpointing"]): c for c in learner["configs"]}
+    assert set(configs) == {(m, ckpt) for m in (1, 2, 4) for ckpt in (False, True)}
+    for config in configs.values():
+        assert positive(config["tokens_per_s"]) and positive(config["step_s"]), config
+        assert config["model_flops_share"] is None and config["hardware_flops_share"] is None  # no GPU: no peak to share
+    assert learner["peak_tflops"] is None and learner["gpu"] is None
+
+    delta = sections["delta"]
+    for key in ("delta_bytes", "snapshot_bytes", "encode_s", "apply_verify_s", "state_hash_s", "changed_fraction"):
+        assert positive(delta[key]), key
+    assert delta["delta_bytes"] < delta["snapshot_bytes"]
+
+    for dtype, gap in sections["verification_gap"]["by_sampler_dtype"].items():
+        assert gap["completions"] == 6 and positive(gap["tokens"]), dtype
+        assert all(math.isfinite(gap[k]) and gap[k] >= 0 for k in ("gap_max", "gap_p999", "gap_p50", "token_gap_max")), gap
+        assert gap["gap_p50"] <= gap["gap_p999"] <= gap["gap_max"] <= gap["token_gap_max"]
+    assert set(sections["verification_gap"]["by_sampler_dtype"]) == {"bfloat16", "float16"}
+
+    vllm = sections["vllm_sampler"]
+    assert "CUDA" in vllm["skipped"]  # the model directory it would serve is still built and loaded back
+    assert positive(vllm["model_dir_checked"]["bytes"]) and vllm["model_dir_checked"]["tokenizer_size"] == 512
+
+    markdown = (tmp_path / "gpu_check_small.md").read_text()
+    assert "| learner | ok |" in markdown and "| vllm_sampler | skipped |" in markdown
+    assert "| section | status | seconds | figures |" in out.stdout  # the summary printed
+
+
+def test_unknown_section_is_refused():
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--sections", "sampler,warp"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown section(s) warp" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA (where --device cuda fails)")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--device", "cuda", "--sections",
+                          "sampler,delta", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1  # a section failed
+    sections = json.loads((tmp_path / "gpu_check_small.json").read_text())["sections"]
+    assert set(sections) == {"sampler", "delta"}
+    assert all("error" in r and "Traceback" in r["traceback"] for r in sections.values()), sections
+    assert "| sampler | error |" in out.stdout and "| delta | error |" in out.stdout
