@@ -6,6 +6,9 @@ the same process. `bash dev.sh bench` (or `python -m benchmarks`) runs them all.
 - generation_throughput.py  - the generation backend vs raw `model.generate`; rewards scored per second.
 - generation_memory.py      - the sampler's memory at 64 and 256 new tokens with Qwen3's vocabulary, and its
                               tokens/s against plain `model.generate` (the code before, as a baseline).
+- learner_step.py           - a learner step against a bare Hugging Face forward and backward with its own loss,
+                              with Qwen3's vocabulary, and a profile of both.
+- gpu_check.py              - every GPU claim in one command (sections in gpu_sections.py); `--small` on CPU.
 - import_graph.py           - the project's own import graph: levels, edges, upward edges, circles.
 
 The others say what they measure in their own docstrings; `python -m benchmarks --help` lists them.

@@ -22,6 +22,7 @@ its own copy of the weights; steps alternate (warm-up 2 each), medians. A profil
 from __future__ import annotations
 
 import copy
+import os
 import random
 import statistics
 import time
@@ -32,7 +33,8 @@ VOCAB, PAD, EOS = 151_936, 151_643, 151_645  # Qwen3's vocabulary size, <|endoft
 BODY = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
             intermediate_size=768)
 GROUPS, G, PROMPT, SHORTEST, LONGEST = 4, 8, 64, 64, 256
-WARMUP, REPEATS = 2, 7
+# GEPO_LEARNER_STEP_REPEATS=N for a quicker run (the figures in results/ were taken with the defaults)
+WARMUP, REPEATS = 2, int(os.environ.get("GEPO_LEARNER_STEP_REPEATS", 7))
 
 
 def make_model():
@@ -119,7 +121,7 @@ def learner_shape(core, groups) -> tuple[int, int]:
         rows = sum(g.size for g in chunk)
         tc = max(len(c) for g in chunk for c in g.completion_ids)
         padded += rows * (max(len(g.prompt_ids) for g in chunk) + tc)
-        positions += rows * tc
+        positions += sum(len(c) for g in chunk for c in g.completion_ids)  # the head runs on real completion tokens
     return padded, positions
 
 
