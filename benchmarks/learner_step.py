@@ -208,8 +208,8 @@ def markdown(f: dict) -> str:
             f"- Gradient checkpointing on over off: {f['checkpointing_over_none']:.3f}x.\n"
             f"- Learner padding: {f['results']['learner']['padded_tokens']:,} padded tokens for {b['real_tokens']:,} real "
             f"({f['learner_padding_waste']:.0%} padding; every micro-batch is padded to its longest prompt and completion). "
-            "Logit positions: where the vocabulary logits are computed (the learner: completion positions, padding "
-            "included; the bare model's loss: every position).\n\n"
+            "Logit positions: where the vocabulary logits are computed (the learner: real completion tokens; "
+            "the bare model's loss: every position, as Hugging Face computes it).\n\n"
             f"## Profile of one learner step (CPU self time)\n\n{prof['learner']}\n"
             f"## Profile of one bare step\n\n{prof['bare']}")
 
