@@ -138,7 +138,10 @@ def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     final = run_dir / "learner" / "checkpoints" / "version-000003"
     evals = json.loads((run_dir / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 3]
-    again = run("eval", "--model", str(final), "--eval-problems", "20", "--json")
+    # with the demo's settings: a checkpoint directory is evaluated as a real model (1,024 new tokens by
+    # default), and the rows a generate call holds (its token budget), so its samples, follow that length
+    again = run("eval", "--model", str(final), "--eval-problems", "20", "--max-completion-length",
+                str(learner_config["max_completion_length"]), "--json")
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["pass_at_1"] == evals[1]["pass_at_1"]
     assert (run_dir / "training.png").stat().st_size > 10_000
