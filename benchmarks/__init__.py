@@ -8,6 +8,7 @@ the same process. `bash dev.sh bench` (or `python -m benchmarks`) runs them all.
                               tokens/s against plain `model.generate` (the code before, as a baseline).
 - learner_step.py           - a learner step against a bare Hugging Face forward and backward with its own loss,
                               with Qwen3's vocabulary, and a profile of both.
+- length_buckets.py        - the learner's decoder on length buckets against one run padded to the longest row.
 - gpu_check.py              - every GPU claim in one command (sections in gpu_sections.py); `--small` on CPU.
 - import_graph.py           - the project's own import graph: levels, edges, upward edges, circles.
 

@@ -114,13 +114,15 @@ class Bare:
 
 def learner_shape(core, groups) -> tuple[int, int]:
     """(padded tokens, positions whose vocabulary logits are computed) of the learner's micro-batches."""
+    from swarm.logprobs import length_buckets
     from swarm.training import plan_micro_batches
 
     padded = positions = 0
     for chunk in plan_micro_batches(groups, core.micro_batch_groups, core.micro_batch_tokens):
-        rows = sum(g.size for g in chunk)
-        tc = max(len(c) for g in chunk for c in g.completion_ids)
-        padded += rows * (max(len(g.prompt_ids) for g in chunk) + tc)
+        prompts = [len(g.prompt_ids) for g in chunk for _ in g.completion_ids]
+        completions = [len(c) for g in chunk for c in g.completion_ids]
+        for rows in length_buckets(prompts, completions):  # the decoder's runs, each cut to its longest row
+            padded += len(rows) * (max(prompts[i] for i in rows) + max(completions[i] for i in rows))
         positions += sum(len(c) for g in chunk for c in g.completion_ids)  # the head runs on real completion tokens
     return padded, positions
 
@@ -207,7 +209,7 @@ def markdown(f: dict) -> str:
             f"- Learner over bare: **{f['learner_over_bare']:.3f}x** (goal <= {f['goal']}: {verdict}).\n"
             f"- Gradient checkpointing on over off: {f['checkpointing_over_none']:.3f}x.\n"
             f"- Learner padding: {f['results']['learner']['padded_tokens']:,} padded tokens for {b['real_tokens']:,} real "
-            f"({f['learner_padding_waste']:.0%} padding; every micro-batch is padded to its longest prompt and completion). "
+            f"({f['learner_padding_waste']:.0%} padding; the decoder runs on length buckets of each micro-batch, each padded to its longest prompt and completion). "
             "Logit positions: where the vocabulary logits are computed (the learner: real completion tokens; "
             "the bare model's loss: every position, as Hugging Face computes it).\n\n"
             f"## Profile of one learner step (CPU self time)\n\n{prof['learner']}\n"

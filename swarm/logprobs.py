@@ -17,6 +17,11 @@ from torch import Tensor
 # turn into NaN as soon as it meets a 0 in a mask) while still meaning "essentially impossible".
 MIN_LOGPROB = -1e4
 
+# Length buckets of the learner's decoder runs (length_buckets): padded tokens at most 1.25x the
+# real ones per bucket, and at most 8 decoder runs per micro-batch.
+BUCKET_SLACK = 1.25
+MAX_BUCKETS = 8
+
 
 def process_logits(logits: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """(..., V) raw logits -> processed logits of the sampling distribution (filtered entries -inf).
@@ -125,6 +130,7 @@ def completion_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
     chunk: int = 0,
+    max_buckets: int = MAX_BUCKETS,
 ) -> Tensor:
     """Learner side: log-probs (B, Tc) of completion tokens given left-padded prompts.
 
@@ -134,43 +140,94 @@ def completion_logprobs(
     chunk > 0: the vocabulary logits of at most `chunk` completion tokens (over all sequences) exist
     at a time (the output layer runs per chunk, and again per chunk in backward), so the float32
     (B, Tc, vocab) logits of the whole micro-batch never do: at most chunk x vocab x 4 bytes per
-    copy (2048 tokens of Qwen3's 151,936-token vocabulary: 1.2 GB). The result is the same. Models without a separate
+    copy (2048 tokens of Qwen3's 151,936-token vocabulary: 1.2 GB), and the decoder runs on buckets of
+    rows of similar length (length_buckets), each cut to its own longest prompt and completion: no
+    short completion is padded to the longest (max_buckets=1: one run, padded to the longest). The result is the same. Models without a separate
     decoder and output layer take the whole-logits path.
     """
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention = torch.cat([prompt_mask, completion_mask], dim=1).long()
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     tp = prompt_ids.size(1)
     head = model.get_output_embeddings() if chunk > 0 else None
     decoder = getattr(model, model.base_model_prefix, None) if head is not None else None
     if decoder is None:
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1).long()
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids, use_cache=False)
         # logits at position j predict token j + 1: completion token t is predicted at tp + t - 1.
         logits = out.logits[:, tp - 1 : -1, :]
         logprobs = gather_logprobs(logits, completion_ids, temperature, top_k, top_p)
-    else:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                         use_cache=False).last_hidden_state[:, tp - 1 : -1, :]
+        return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob
 
-        b, t = completion_ids.shape
-        # the output layer runs on real completion tokens only: padding's logits are never computed
-        real = completion_mask.reshape(b * t).bool()
-        flat_hidden, flat_tokens = hidden.reshape(b * t, -1)[real], completion_ids.reshape(b * t)[real]
-        if isinstance(head, torch.nn.Linear) and head.bias is None and not top_k and top_p >= 1.0:
-            picked = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk)
-        else:  # top-k / top-p filter the logits first, a biased head adds to them: the checkpointed path
+    b, t = completion_ids.shape
+    flat_hidden, flat_at = [], []  # real completion tokens' hidden states, and where they sit in (B * Tc)
+    for rows in length_buckets(prompt_mask.sum(1).tolist(), completion_mask.sum(1).tolist(), max_buckets=max_buckets):
+        hidden, at = _bucket_hidden(decoder, rows, prompt_ids, prompt_mask, completion_ids, completion_mask)
+        flat_hidden.append(hidden)
+        flat_at.append(at)
+    flat_hidden, flat_at = torch.cat(flat_hidden), torch.cat(flat_at)
+    flat_tokens = completion_ids.reshape(b * t)[flat_at]
+    if isinstance(head, torch.nn.Linear) and head.bias is None and not top_k and top_p >= 1.0:
+        picked = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk)
+    else:  # top-k / top-p filter the logits first, a biased head adds to them: the checkpointed path
 
-            def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
-                return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
+        def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
+            return gather_logprobs(head(h), tokens, temperature, top_k, top_p)
 
-            parts = []
-            for start in range(0, flat_tokens.size(0), chunk):
-                h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
-                if torch.is_grad_enabled() and h.requires_grad:
-                    # backward recomputes this chunk's logits instead of keeping them
-                    parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
-                else:
-                    parts.append(chunk_logprobs(h, tokens))
-            picked = torch.cat(parts) if parts else flat_hidden.new_zeros(0, dtype=torch.float32)
-        logprobs = picked.new_zeros(b * t).masked_scatter(real, picked).reshape(b, t)
-    return logprobs.masked_fill(completion_mask == 0, 0.0)  # padding carries no log-prob
+        parts = []
+        for start in range(0, flat_tokens.size(0), chunk):
+            h, tokens = flat_hidden[start : start + chunk], flat_tokens[start : start + chunk]
+            if torch.is_grad_enabled() and h.requires_grad:
+                # backward recomputes this chunk's logits instead of keeping them
+                parts.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, tokens, use_reentrant=False))
+            else:
+                parts.append(chunk_logprobs(h, tokens))
+        picked = torch.cat(parts) if parts else flat_hidden.new_zeros(0, dtype=torch.float32)
+    # padding is never computed, and carries no log-prob
+    return picked.new_zeros(b * t).index_put((flat_at,), picked).reshape(b, t)
+
+
+def length_buckets(prompt_lengths: list[int], completion_lengths: list[int], *, slack: float = BUCKET_SLACK,
+                   max_buckets: int = MAX_BUCKETS) -> list[list[int]]:
+    """Rows of a micro-batch into runs of the decoder of similar length, so that a 30-token
+    completion is not padded to its neighbour's 1,024: longest first, a row joins the current
+    bucket while the bucket's padded tokens stay within `slack` x its real tokens. Too many buckets
+    (many small forwards keep a GPU idle between launches) widen the slack until they fit
+    `max_buckets`. The result does not depend on how rows are bucketed, only the work does."""
+    order = sorted(range(len(prompt_lengths)), key=lambda i: -(prompt_lengths[i] + completion_lengths[i]))
+    while True:
+        buckets: list[list[int]] = []
+        width_p = width_c = real = 0
+        for i in order:
+            p, c = prompt_lengths[i], completion_lengths[i]
+            rows = len(buckets[-1]) + 1 if buckets else 0
+            padded = rows * (max(width_p, p) + max(width_c, c))
+            if buckets and padded <= slack * (real + p + c):
+                buckets[-1].append(i)
+                width_p, width_c, real = max(width_p, p), max(width_c, c), real + p + c
+            else:
+                buckets.append([i])
+                width_p, width_c, real = p, c, p + c
+        if len(buckets) <= max_buckets:
+            return [sorted(rows) for rows in buckets]
+        slack *= 1.5
+
+
+def _bucket_hidden(decoder, rows: list[int], prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                   completion_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """One decoder run on `rows`, cut to their own longest prompt (prompts are left-padded) and
+    completion (right-padded) -> the hidden states that predict their real completion tokens
+    (N, H) and those tokens' flat positions in (B * Tc). Positions follow the attention mask, as in
+    generation, so neither cut shifts them."""
+    index = torch.tensor(rows, device=prompt_ids.device)
+    tp, t = prompt_ids.size(1), completion_ids.size(1)
+    keep_p = max(int(prompt_mask[index].sum(1).max()), 1)
+    keep_c = max(int(completion_mask[index].sum(1).max()), 1)
+    p_mask, c_mask = prompt_mask[index, tp - keep_p :], completion_mask[index, :keep_c]
+    input_ids = torch.cat([prompt_ids[index, tp - keep_p :], completion_ids[index, :keep_c]], dim=1)
+    attention = torch.cat([p_mask, c_mask], dim=1).long()
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                     use_cache=False).last_hidden_state[:, keep_p - 1 : -1, :]
+    real = c_mask.bool()
+    at = (index[:, None] * t + torch.arange(keep_c, device=index.device))[real]
+    return hidden[real], at

@@ -5,7 +5,7 @@ every parameter of a real (tiny) model, tied embeddings included."""
 import pytest
 import torch
 
-from swarm.logprobs import MIN_LOGPROB, ChunkedHeadLogprobs, completion_logprobs
+from swarm.logprobs import BUCKET_SLACK, MIN_LOGPROB, ChunkedHeadLogprobs, completion_logprobs, length_buckets
 from swarm.model.loading import load_policy
 
 
@@ -56,3 +56,37 @@ def test_chunked_head_floors_impossible_tokens_without_gradient():
     out.sum().backward()
     assert hidden.grad[0].abs().sum() == 0 and hidden.grad[3].abs().sum() == 0
     assert hidden.grad[1].abs().sum() > 0
+
+
+def test_length_buckets_bound_padding_and_keep_every_row_once():
+    prompts = [5, 5, 3, 5, 4, 5, 5, 2]
+    completions = [1024, 30, 1000, 64, 500, 31, 900, 1]
+    buckets = length_buckets(prompts, completions)
+    assert sorted(i for rows in buckets for i in rows) == list(range(len(prompts)))
+    for rows in buckets:
+        padded = len(rows) * (max(prompts[i] for i in rows) + max(completions[i] for i in rows))
+        assert padded <= BUCKET_SLACK * sum(prompts[i] + completions[i] for i in rows)
+    assert len(buckets) > 1  # the 30-token completions do not ride with the 1,024-token one
+    capped = length_buckets(prompts, completions, max_buckets=2)
+    assert len(capped) <= 2 and sorted(i for rows in capped for i in rows) == list(range(len(prompts)))
+
+
+def test_bucketed_decoder_runs_give_the_padded_values_and_gradients():
+    """Rows of very different lengths run in several cut-down decoder runs: the same log-probs and
+    gradients as one padded run (the whole-logits path)."""
+    model, _ = load_policy("embedded")
+    model = model.double().train()
+    p_ids, p_mask, c_ids, c_mask = batch(model.config.vocab_size, rows=6, prompt=6, completion=24, seed=1)
+    for row, (prompt, completion) in enumerate([(6, 24), (3, 2), (6, 20), (1, 1), (4, 3), (6, 0)]):
+        p_mask[row] = 0
+        p_mask[row, 6 - prompt :] = 1
+        c_mask[row] = 0
+        c_mask[row, :completion] = 1
+    lengths = (p_mask.sum(1).tolist(), c_mask.sum(1).tolist())
+    assert len(length_buckets(*lengths)) >= 2
+    whole, whole_grads = logprobs_and_grads(model, (p_ids, p_mask, c_ids, c_mask), chunk=0)
+    bucketed, bucketed_grads = logprobs_and_grads(model, (p_ids, p_mask, c_ids, c_mask), chunk=5)
+    assert torch.allclose(whole, bucketed, atol=1e-10)
+    assert (bucketed[c_mask == 0] == 0).all() and (bucketed[c_mask == 1] < 0).all()
+    for name in whole_grads:
+        assert torch.allclose(whole_grads[name], bucketed_grads[name], atol=1e-9), name
