@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from swarm.config import BootstrapConfig, default_of
 from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Method, OwnerCalls,
     SignedService, Watchdog, bind, key_id, new_server, pack, signed_body, unpack)
 from swarm.fabric.grpc.tls import INSECURE_WARNING, server_identity
@@ -104,7 +105,8 @@ class Registry:
     """
 
     def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000,
-                 max_runs: int = 16, max_runs_per_owner: int = 2, page_size: int = PAGE_SIZE, clock=time.time) -> None:
+                 max_runs: int = 16,
+                 max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner"), page_size: int = PAGE_SIZE, clock=time.time) -> None:
         self.max_expiry_s, self.clock, self.page_size = max_expiry_s, clock, min(page_size, PAGE_SIZE)
         self.max_per_ip, self.max_per_run, self.max_runs = max_per_ip, max_per_run, max_runs
         self.max_runs_per_owner = max_runs_per_owner
@@ -371,13 +373,13 @@ class GrpcBootstrap:
     transport = "grpc"
 
     def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None, signing_key=None,
-                 insecure: bool = False, max_runs_per_owner: int | None = None) -> None:
+                 insecure: bool = False, max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner")) -> None:
         from hivemind.utils.crypto import RSAPrivateKey
 
         self.run_id, self.host, self.insecure = run_id, host, insecure
         self.signing_key = signing_key or RSAPrivateKey()
         self.key_id = "" if insecure else key_id(owner_key(self.signing_key))
-        self.registry = Registry() if max_runs_per_owner is None else Registry(max_runs_per_owner=max_runs_per_owner)
+        self.registry = Registry(max_runs_per_owner=max_runs_per_owner)
         self._server, self.port = serve_registry(self.registry, host, port, signing_key=self.signing_key, insecure=insecure)
         self.announced = announced_address(announce_addr, self.port) if announce_addr else None
 
