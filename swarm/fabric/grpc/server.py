@@ -108,7 +108,9 @@ class GrpcPeerServer:
         self.service = SignedService(f"{SERVICE}.Peer", methods, self.authenticator, run_id=run_id, calls=calls)
         self.server = new_server(workers=workers)
         self.server.add_generic_rpc_handlers([self.service])
-        self.port = bind(self.server, host, port, None if insecure else server_identity(signing_key))
+        identity = None if insecure else server_identity(signing_key)
+        self.key_id = identity.key_id if identity else ""  # the key whose certificate it presents ("" in plain text)
+        self.port = bind(self.server, host, port, identity)
         self.address = f"{host}:{self.port}"
         self.watchdog = Watchdog()  # after bind: a port in use leaves no thread behind
         self.server.start()
