@@ -78,6 +78,15 @@ def canonical_owner(subkey: bytes) -> bytes:
     return _canonical(subkey)[0]
 
 
+def is_canonical_owner(subkey) -> bool:
+    """Whether `subkey` is an acceptable key in its one canonical `[owner:...]` text (as owner_key
+    writes it): a DHT record stored under another spelling of a key is not that key's record."""
+    try:
+        return isinstance(subkey, bytes) and canonical_owner(subkey) == subkey
+    except ValueError:
+        return False
+
+
 def owner_id(subkey: bytes) -> str:
     """The id of the key an `[owner:...]` subkey names, however it is spelt (see id_of_public_key).
     Raises ValueError when it names no acceptable key."""

@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import grpc
 
 from swarm.config import BootstrapConfig, default_of
 from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Method, OwnerCalls,

@@ -28,7 +28,11 @@ from swarm.fabric.signing import id_of_public_key
 
 logger = logging.getLogger(__name__)
 
-CERTIFICATE_YEARS = 10  # a certificate lives as long as the process that made it; its dates only have to be valid
+# A key's certificate is the same bytes every time it is made (fixed dates and serial, and PKCS#1
+# v1.5 signatures are deterministic): a peer that restarts with its key presents the certificate
+# its peers' channels pinned before. Its dates only have to be valid; the key is what is checked.
+VALID_FROM = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+VALID_UNTIL = datetime.datetime(2124, 1, 1, tzinfo=datetime.timezone.utc)
 HANDSHAKE_TIMEOUT_S = 10.0
 INSECURE_WARNING = ("TLS is off (--insecure): everything this peer sends and receives over gRPC can be read and "
                     "rewritten on the way; use it only on a network you trust, and with peers that run --insecure too")
@@ -51,8 +55,9 @@ class ServerIdentity:
 
 
 def server_identity(signing_key) -> ServerIdentity:
-    """A self-signed certificate for `signing_key` (hivemind's RSAPrivateKey): subject and DNS name
-    are the key's id, which a client names when it checks the certificate."""
+    """The self-signed certificate of `signing_key` (hivemind's RSAPrivateKey): subject and DNS name
+    are the key's id, which a client names when it checks the certificate; the same bytes for the
+    same key, every time."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.x509.oid import NameOID
@@ -60,11 +65,9 @@ def server_identity(signing_key) -> ServerIdentity:
     private = signing_key._private_key
     name = id_of_public_key(private.public_key())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(private.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(days=1))
-                   .not_valid_after(now + datetime.timedelta(days=365 * CERTIFICATE_YEARS))
+                   .serial_number(int(name, 16) | 1)  # positive, nonzero, fixed per key
+                   .not_valid_before(VALID_FROM).not_valid_after(VALID_UNTIL)
                    .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
                    .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
                    .sign(private, hashes.SHA256()))
