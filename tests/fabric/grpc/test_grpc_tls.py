@@ -17,7 +17,7 @@ from benchmarks.waiting import wait_until
 from swarm.fabric.grpc.common import RequestSigner, key_id, peer_id_of
 from swarm.fabric.grpc.fabric import GrpcFabric
 from swarm.fabric.grpc.registry import GrpcBootstrap
-from swarm.fabric.grpc.rollouts import GrpcRolloutSender
+from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.grpc.server import Channels, GrpcPeerServer
 from swarm.fabric.grpc.tls import INSECURE_WARNING, WrongPeerKey
 from swarm.fabric.interface import JoinError
@@ -184,3 +184,38 @@ def test_insecure_mode_warns_and_works(caplog):
         for peer in peers:
             peer.shutdown()
         registry.shutdown()
+
+
+def test_a_peer_restarted_with_its_key_is_reached_again_through_the_pinned_channel(swarm):
+    key, sampler = RSAPrivateKey(), swarm()
+    server = GrpcPeerServer("127.0.0.1", 0, RUN, signing_key=key)
+    port, peer = server.port, peer_id_of(server.key_id, server.address)
+    inbox = GrpcRolloutInbox(server, vocab_size=VOCAB)
+    inbox.learner_version = 3
+    assert sampler.rollout_sender(timeout_s=10).send(peer, [group("before")]) == [{"ok": True}]
+    inbox.close()
+    server.stop()
+    server = GrpcPeerServer("127.0.0.1", port, RUN, signing_key=key)  # the same key: the same certificate
+    inbox = GrpcRolloutInbox(server, vocab_size=VOCAB)
+    inbox.learner_version = 3
+
+    def delivered() -> bool:
+        try:
+            return sampler.rollout_sender(timeout_s=5).send(peer, [group("after")]) == [{"ok": True}]
+        except grpc.RpcError:  # while the channel reconnects
+            return False
+
+    try:
+        assert wait_until(delivered, 15, every=0.5)
+        assert inbox.get(timeout=5).problem_id == "after"
+    finally:
+        inbox.close()
+        server.stop()
+
+
+def test_insecure_is_a_grpc_option():
+    from swarm.config import SwarmSettings
+
+    assert SwarmSettings(peers=["127.0.0.1:1"], transport="grpc", insecure=True).insecure
+    with pytest.raises(ValueError, match="libp2p .* always encrypts"):
+        SwarmSettings(peers=["/ip4/127.0.0.1/tcp/1/p2p/QmX"], transport="hivemind", insecure=True)
