@@ -20,12 +20,14 @@ the receiver knows the sender by its key, never by the address it claims, and on
 sender however its text is spelt (signing.owner_id). The signature travels in the call's metadata
 and covers the SHA-256 of the request body, so it is checked (`SignedService`) while gRPC looks
 the method up, before the call is given a server thread: an unsigned or forged call costs the
-server a signature check and never a thread. A signed call then has REQUEST_WAIT_S to send its
+server a signature check (in gRPC's own polling thread) and a worker thread only for the instant
+its refusal takes. A signed call then has REQUEST_WAIT_S to send its
 body (whose hash must match), each key may hold only `calls_per_owner` calls open at once, and a
 server takes at most `workers + queue` calls (grpc's maximum_concurrent_rpcs: RESOURCE_EXHAUSTED
 beyond). Servers speak TLS with certificates pinned by key id (grpc/tls.py) unless `--insecure`.
 What this does NOT protect against: a peer that makes many keys gets a share per key (making a
-key costs it an RSA key generation); a man in the middle can still drop or delay calls.
+key costs it an RSA key generation); a man in the middle can still drop or delay calls (TLS keeps
+it from reading, rewriting or replaying them).
 
 No protobuf code generation: methods are registered as generic handlers carrying msgpack bytes
 (frames from wire.py for rollouts, weights.delta payloads for weights, cut into chunks). Every method

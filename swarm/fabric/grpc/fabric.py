@@ -17,6 +17,7 @@ from swarm.fabric.grpc.common import SERVICE, RequestSigner, dial_address, key_i
 from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
 from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.grpc.server import Channels, GrpcPeerServer
+from swarm.fabric.grpc.tls import INSECURE_WARNING
 from swarm.fabric.grpc.weights import GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.membership.addresses import (
@@ -65,6 +66,8 @@ class GrpcFabric:
         """registry: its KEYID@HOST:PORT (HOST:PORT: its TLS key trusted on first use); insecure: no
         TLS, for a registry and peers that run --insecure too (grpc/tls.py)."""
         self.registry, self.run_id, self.signing_key, self.insecure = registry, run_id, signing_key, insecure
+        if insecure:
+            logger.warning(INSECURE_WARNING)
         self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
         self.upload_slots = upload_slots
         self._dialable = serve

@@ -23,7 +23,7 @@ import grpc
 
 from swarm.fabric.grpc.common import (CHUNK_BYTES, MESSAGE_LIMIT, SERVICE, Authenticator, Caller, Method, OwnerCalls,
     SignedService, Watchdog, bind, dial_address, key_of_peer, new_server, pack, signed_body, unpack)
-from swarm.fabric.grpc.tls import INSECURE_WARNING, pinned_channel, server_identity
+from swarm.fabric.grpc.tls import pinned_channel, server_identity
 from swarm.fabric.rollouts.inbox import StreamLimits
 from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.weights.versions import WEIGHT_REQUEST_LIMIT
@@ -91,11 +91,9 @@ class GrpcPeerServer:
                  workers: int = StreamLimits().total + RESERVE_WORKERS, signing_key=None, insecure: bool = False,
                  calls: OwnerCalls | None = None) -> None:
         """signing_key: the peer's key (hivemind RSAPrivateKey), whose certificate the server presents
-        over TLS; insecure: plain text instead (a warning is logged); a server with neither is refused."""
+        over TLS; insecure: plain text instead (GrpcFabric warns of it); a server with neither is refused."""
         if signing_key is None and not insecure:
             raise ValueError("a gRPC peer server needs the peer's signing key for TLS, or insecure=True for plain text")
-        if insecure:
-            logger.warning(INSECURE_WARNING)
         self.run_id, self.workers, self.insecure = run_id, workers, insecure
         self.weight_send_s = WEIGHT_SEND_S  # longest a receiver may take to read one weight chunk
         self.authenticator = authenticator or Authenticator()

@@ -219,3 +219,27 @@ def test_insecure_is_a_grpc_option():
     assert SwarmSettings(peers=["127.0.0.1:1"], transport="grpc", insecure=True).insecure
     with pytest.raises(ValueError, match="libp2p .* always encrypts"):
         SwarmSettings(peers=["/ip4/127.0.0.1/tcp/1/p2p/QmX"], transport="hivemind", insecure=True)
+
+
+def test_swarm_status_with_insecure_talks_to_a_plain_text_registry_and_without_it_says_why_not():
+    """The --insecure flag in real `swarm status` processes, against a registry without TLS."""
+    import os
+    import subprocess
+    import sys
+
+    registry = GrpcBootstrap(RUN, host="127.0.0.1", port=0, insecure=True)
+    address = registry.addresses()[0]
+    try:
+        def status(*flags):
+            return subprocess.run([sys.executable, "-m", "swarm.cli", "status", "--transport", "grpc", "--peers", address,
+                                   "--run-id", RUN, "--json", *flags], capture_output=True, text=True, timeout=120,
+                                  env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+        insecure = status("--insecure")
+        assert insecure.returncode == 0 and '"peers": []' in insecure.stdout, insecure.stderr[-2000:]
+        assert "TLS is off (--insecure)" in insecure.stderr
+        default = status()  # TLS, at a plain-text registry: refused before anything is sent, with what to do
+        assert default.returncode == 1 and "Traceback" not in default.stderr, default.stderr[-2000:]
+        assert "does not speak TLS" in default.stderr and "--insecure" in default.stderr
+    finally:
+        registry.shutdown()
