@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-
 from swarm.config import BootstrapConfig, default_of
 from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Method, OwnerCalls,
     SignedService, Watchdog, bind, key_id, new_server, pack, signed_body, unpack)
@@ -103,14 +102,14 @@ class Registry:
     page_size: entries per Members (or unfiltered Versions) reply, at most PAGE_SIZE.
     """
 
-    def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000,
-                 max_runs: int = 16,
-                 max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner"), page_size: int = PAGE_SIZE, clock=time.time) -> None:
+    def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000, max_runs: int = 16,
+                 max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner"), page_size: int = PAGE_SIZE,
+                 clock=time.time) -> None:
         self.max_expiry_s, self.clock, self.page_size = max_expiry_s, clock, min(page_size, PAGE_SIZE)
         self.max_per_ip, self.max_per_run, self.max_runs = max_per_ip, max_per_run, max_runs
         self.max_runs_per_owner = max_runs_per_owner
         self.members: dict[str, _Table] = {}  # run -> records by key id
-        self.versions: dict[str, _Table] = {}  # run -> announcements by owner key
+        self.versions: dict[str, _Table] = {}  # run -> announcements by their key's id
         self.lock = threading.Lock()
 
     def _expiry(self, value) -> float:

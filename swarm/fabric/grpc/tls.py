@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 # its peers' channels pinned before. Its dates only have to be valid; the key is what is checked.
 VALID_FROM = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
 VALID_UNTIL = datetime.datetime(2124, 1, 1, tzinfo=datetime.timezone.utc)
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 5.0  # reading a new peer's certificate: a TCP connect and one TLS handshake
 INSECURE_WARNING = ("TLS is off (--insecure): everything this peer sends and receives over gRPC can be read and "
                     "rewritten on the way; use it only on a network you trust, and with peers that run --insecure too")
 
