@@ -33,7 +33,8 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
     events = EventLog(run_dir)
     try:
         node = start_bootstrap(config.transport, run_id=config.run_id, host=config.host, port=config.port,
-                               identity_path=identity, initial_peers=config.peers, announce_addr=config.announce_addr)
+                               identity_path=identity, initial_peers=config.peers, announce_addr=config.announce_addr,
+                               insecure=config.insecure, max_runs_per_owner=config.max_runs_per_owner)
     except BaseException:
         events.close()
         raise
@@ -44,7 +45,7 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
             # --dashboard-port: a bootstrap node takes no part in the swarm, so it looks at it as `swarm
             # dashboard` does, through an observer joined through its own address ranked last (loopback,
             # where it listens there: this process can always dial it)
-            observer = observe(config.transport, run_id=config.run_id, peers=addresses[-1:])
+            observer = observe(config.transport, run_id=config.run_id, peers=addresses[-1:], insecure=config.insecure)
             dashboard = peer_dashboard(config, observer, run_dir=run_dir, peers=addresses[-1:])
         write_ready(run_dir, role="bootstrap", run_id=config.run_id, transport=node.transport,
                     peer_id=node.peer_id, addresses=addresses, **({"dashboard": dashboard.url} if dashboard else {}))

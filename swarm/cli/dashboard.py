@@ -23,6 +23,7 @@ from swarm.signals import install_stop_signals
 @swarm_option("peers", multiple=True, required=True)
 @swarm_option("run_id")
 @swarm_option("transport", type=click.Choice(TRANSPORTS))
+@swarm_option("insecure", is_flag=True)
 @click.option("--learner-key", "learner_keys", multiple=True, cls=GroupedOption, group="swarm",
               help="count only this learner's version announcements (repeatable; the key a learner prints, or its "
                    "RUN_DIR/learner.key when --run-dir names it); unset: those of every peer whose record says learner")
@@ -38,14 +39,14 @@ from swarm.signals import install_stop_signals
               group="output", help="port to serve the page on (0: a free one)")
 @click.option("--poll-s", default=default_of(DashboardSettings, "dashboard_poll_s"), show_default=True,
               type=click.FloatRange(min=0.2), cls=GroupedOption, group="output", help="seconds between readings of the swarm")
-def dashboard_command(peers, run_id, transport, learner_keys, run_dirs, host, port, poll_s):
+def dashboard_command(peers, run_id, transport, insecure, learner_keys, run_dirs, host, port, poll_s):
     """Serve a live web page of the swarm: peers, the learner's curves, each sampler's lag over time,
     and how fast each version reached each sampler. Read-only; Ctrl-C stops it."""
     with user_errors(ValueError):  # a bad --learner-key is a usage error
         keys = [decode_learner_key(k) for k in (*learner_keys, *_learner_key_files(run_dirs))]
     stop = threading.Event()
     install_stop_signals(stop)
-    with observe_swarm(transport, run_id, peers) as observer:
+    with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
         with user_errors(OSError):  # the port is taken, the address is not this machine's
             dashboard = LiveDashboard(observer, run_id=run_id, transport=transport, peers=peers, host=host, port=port,
                                       learner_keys=keys, run_dirs=list(run_dirs), poll_s=poll_s)

@@ -95,14 +95,15 @@ def swarm_option(name: str, **kwargs):
 @swarm_option("peers", multiple=True, required=True)
 @swarm_option("run_id")
 @swarm_option("transport", type=click.Choice(TRANSPORTS))
+@swarm_option("insecure", is_flag=True)
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print JSON for scripts")
 @click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
               help="refresh every this many seconds")
-def status_command(peers, run_id, transport, as_json, watch):
+def status_command(peers, run_id, transport, insecure, as_json, watch):
     """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer; then
     what looks wrong (late heartbeats, refused rollouts, a stalled learner, versions no sampler has
     picked up), each with the command that shows more."""
-    with observe_swarm(transport, run_id, peers) as observer:
+    with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
         try:
             while True:
                 now, members = observer.now(), observer.members()
@@ -145,14 +146,14 @@ def _print_flags(flags: list[dict]) -> None:
 
 
 @contextmanager
-def observe_swarm(transport: str, run_id: str, peers) -> Iterator:
+def observe_swarm(transport: str, run_id: str, peers, *, insecure: bool = False) -> Iterator:
     """An observer of the swarm (`swarm.fabric.transports.observe`: it reads records and announcements
     and takes no part), shut down on exit; a swarm that cannot be reached is a one-line error.
     `swarm status` and `swarm dashboard` look at the swarm through this."""
     from swarm.fabric.transports import observe  # torch (through swarm.fabric.interface): not at `swarm --help`
 
     with user_errors(*_join_failures()):
-        observer = observe(transport, run_id=run_id, peers=list(peers))
+        observer = observe(transport, run_id=run_id, peers=list(peers), insecure=insecure)
     try:
         yield observer
     finally:

@@ -62,6 +62,7 @@ from swarm.config.settings import (
     TrainingSettings,
     check_announce_addr,
     check_bootstrap_peers,
+    check_insecure,
     check_peers,
     split_host_port,
 )
@@ -69,6 +70,6 @@ from swarm.config.settings import (
 __all__ = [
     "CONFIGS", "GENERATION_BACKENDS", "LOSS_NAMES", "ROLES", "TRANSPORTS", "BootstrapConfig", "DemoConfig", "EvalConfig",
     "EvalSettings", "GenerationSettings", "LearnerConfig", "LossConfig", "SamplerConfig", "Settings", "SwarmSettings",
-    "TaskSettings", "TrainerConfig", "TrainingSettings", "check_announce_addr", "check_bootstrap_peers", "check_peers", "default_of",
+    "TaskSettings", "TrainerConfig", "TrainingSettings", "check_announce_addr", "check_bootstrap_peers", "check_insecure", "check_peers", "default_of",
     "field_names", "field_names_of", "read_config_file", "resolve", "same_as", "setting", "split_host_port", "write_config",
 ]

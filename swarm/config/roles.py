@@ -26,6 +26,7 @@ from swarm.config.settings import (
     TrainingSettings,
     check_announce_addr,
     check_bootstrap_peers,
+    check_insecure,
 )
 from swarm.staleness import DelayDistribution, SecondsDelay
 
@@ -174,6 +175,9 @@ class BootstrapConfig(DashboardSettings):
     port: int = setting(31337, group="swarm", ge=0, le=65535, help="TCP port to listen on (0: any free port)")
     announce_addr: Optional[str] = same_as(SwarmSettings, "announce_addr")
     transport: Literal[TRANSPORTS] = same_as(SwarmSettings, "transport")  # type: ignore[valid-type]
+    insecure: bool = same_as(SwarmSettings, "insecure")
+    max_runs_per_owner: int = setting(2, group="swarm", ge=1, help="gRPC registry: runs one key may take part in at once "
+                                                                   "(a run's slot belongs to its learner's key)")
     peers: list[str] = setting(list, group="swarm", help="other bootstrap nodes or peers to connect to (multiaddr; repeatable)")
     run_id: str = same_as(SwarmSettings, "run_id")
     identity: Optional[Path] = setting(None, group="swarm", help="libp2p key file: keeps the peer id across restarts "
@@ -185,6 +189,7 @@ class BootstrapConfig(DashboardSettings):
     @model_validator(mode="after")
     def _peers_fit_transport(self):
         check_bootstrap_peers(self.transport, self.peers)
+        check_insecure(self.transport, self.insecure)
         if self.announce_addr is not None:
             check_announce_addr(self.transport, self.announce_addr)
         return self

@@ -51,7 +51,7 @@ def check_peers(transport: str, peers: Sequence[str]) -> None:
             raise ValueError(f"--peers {addr!r} is not a multiaddr; pass one like /ip4/1.2.3.4/tcp/31337/p2p/Qm... "
                              "(or use --transport grpc with the registry's HOST:PORT)")
         if transport == "grpc" and (str(addr).startswith("/") or ":" not in str(addr)):
-            raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT, "
+            raise ValueError(f"--peers {addr!r}: with --transport grpc pass the registry's HOST:PORT (KEYID@HOST:PORT pins its TLS key), "
                              "as `swarm bootstrap --transport grpc` prints it")
     if transport == "grpc" and len(peers) != 1:
         raise ValueError("with --transport grpc pass exactly one --peers HOST:PORT (the registry)")
@@ -89,6 +89,13 @@ def split_host_port(addr: str) -> tuple[str, int | None]:
         return host, int(port) if port else None
     except ValueError:
         raise ValueError(f"address {addr!r}: {port!r} is not a port number") from None
+
+
+def check_insecure(transport: str, insecure: bool) -> None:
+    """--insecure is the gRPC transport's: libp2p encrypts its streams itself, always."""
+    if insecure and transport != "grpc":
+        raise ValueError("--insecure turns off the gRPC transport's TLS; libp2p (--transport hivemind) always encrypts: "
+                         "drop --insecure, or use --transport grpc")
 
 
 def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
@@ -204,6 +211,10 @@ class SwarmSettings(Settings):
         False, group="swarm", help="hivemind: take no part in storing DHT records (for a peer that others cannot dial: "
                                    "they would try it for every lookup); it still reads and writes records")
     heartbeat_s: float = setting(5.0, group="swarm", gt=0, help="seconds between membership heartbeats")
+    insecure: bool = setting(
+        False, group="swarm", help="gRPC: talk in plain text, without TLS (a warning is logged): anyone on the path can read "
+                                   "and rewrite what peers send. Every peer and the registry of a swarm must agree. Unset: "
+                                   "TLS, each peer's certificate pinned by the key id in its peer id (KEYID@HOST:PORT)")
     upload_slots: int = setting(2, group="swarm", ge=0, help="weight transfers this peer serves at once: the learner's "
                                                              "upload budget, a sampler's share of relaying versions "
                                                              "(others ask another holder meanwhile; a chunk under "
@@ -222,6 +233,7 @@ class SwarmSettings(Settings):
         check_peers(self.transport, self.peers)
         if self.announce_addr is not None:
             check_announce_addr(self.transport, self.announce_addr)
+        check_insecure(self.transport, self.insecure)
         if self.transport == "grpc" and (self.auto_relay or self.client_mode):
             raise ValueError("--auto-relay and --client-mode are hivemind (libp2p) options; over gRPC a peer behind a "
                              "NAT dials out and needs neither (see the README, 'Behind a NAT')")

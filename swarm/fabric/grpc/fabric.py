@@ -13,10 +13,11 @@ from typing import Iterable, Mapping, Sequence
 import grpc
 
 from swarm.config import split_host_port
-from swarm.fabric.grpc.common import SERVICE, RequestSigner, key_id, pack, peer_id_of, unpack
+from swarm.fabric.grpc.common import SERVICE, RequestSigner, dial_address, key_id, pack, peer_id_of, unpack
 from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
 from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.grpc.server import Channels, GrpcPeerServer
+from swarm.fabric.grpc.tls import INSECURE_WARNING
 from swarm.fabric.grpc.weights import GrpcWeightClient, GrpcWeightServer
 from swarm.fabric.interface import JoinError
 from swarm.fabric.membership.addresses import (
@@ -60,15 +61,20 @@ class GrpcFabric:
 
     def __init__(self, registry: str, run_id: str, signing_key, *, host: str = "127.0.0.1", port: int = 0,
                  heartbeat_s: float, expiry_heartbeats: float = EXPIRY_HEARTBEATS, serve: bool = True,
-                 timeout_s: float = 10.0, announce_addr: str | None = None, upload_slots: int | None = None) -> None:
-        self.registry, self.run_id, self.signing_key = registry, run_id, signing_key
+                 timeout_s: float = 10.0, announce_addr: str | None = None, upload_slots: int | None = None,
+                 insecure: bool = False) -> None:
+        """registry: its KEYID@HOST:PORT (HOST:PORT: its TLS key trusted on first use); insecure: no
+        TLS, for a registry and peers that run --insecure too (grpc/tls.py)."""
+        self.registry, self.run_id, self.signing_key, self.insecure = registry, run_id, signing_key, insecure
+        if insecure:
+            logger.warning(INSECURE_WARNING)
         self._heartbeat_s, self.expiry_s, self.timeout_s = heartbeat_s, heartbeat_s * expiry_heartbeats, timeout_s
         self.upload_slots = upload_slots
         self._dialable = serve
         self.key_id = key_id(owner_key(signing_key))
-        self.channels = Channels()
+        self.channels = Channels(insecure=insecure)
         self.pusher = AnnouncementPusher(signing_key, lambda: self.weight_client(timeout_s=PUSH_TIMEOUT_S))
-        self.server = GrpcPeerServer(host, port, run_id) if serve else None
+        self.server = GrpcPeerServer(host, port, run_id, signing_key=signing_key, insecure=insecure) if serve else None
         # the key id alone until the address others dial is known (an observer serves nothing and keeps it)
         self.signer = RequestSigner(signing_key, run_id, self.key_id)
         self._check_registry()
@@ -109,7 +115,7 @@ class GrpcFabric:
         return call(iter([body]), timeout=self.timeout_s, metadata=self.signer.metadata(path, body))
 
     def _check_registry(self) -> None:
-        host, port = split_host_port(self.registry)
+        host, port = split_host_port(dial_address(self.registry))
         if port is not None and refuses_connections(host, port):  # gRPC would retry until its timeout
             self.shutdown()
             raise JoinError(f"could not join the swarm through the registry at {self.registry}: connection refused "
@@ -117,6 +123,9 @@ class GrpcFabric:
                             "--transport grpc` runs there")
         try:
             grpc.channel_ready_future(self.channels.get(self.registry)).result(timeout=self.timeout_s)
+        except ConnectionError as exc:  # TLS: no TLS there, or a registry holding another key than its address names
+            self.shutdown()
+            raise JoinError(f"could not join the swarm through the registry at {self.registry}: {exc}") from None
         except grpc.FutureTimeoutError:
             self.shutdown()
             raise JoinError(f"could not join the swarm through the registry at {self.registry}: no answer within "

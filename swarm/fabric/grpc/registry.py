@@ -7,28 +7,38 @@ its key can replace, so nobody can hold or overwrite another peer's record, and 
 claim the same address are still two records. What one remote IP and one run may hold is bounded
 (`max_per_ip`, `max_per_run`, `max_runs`: a refusal names the limit), expiries are finite and
 bounded, and a Members reply comes in pages that stay under the message limit.
+
+Run slots belong to learners: a run holds one of the `max_runs` slots while one of its learners
+has a live record or announcement in it, and only that learner's key renews them; one key takes
+part in at most `max_runs_per_owner` runs (a key is one owner however its text is spelt). Records
+of a run no learner holds yet (samplers that came first) wait in one of at most `max_runs`
+waiting runs, which take no slot from a learner.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-import grpc
-
-from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Watchdog,
-    authenticate, bind, first_request, new_server, pack, unpack)
+from swarm.config import BootstrapConfig, default_of
+from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SERVICE, Authenticator, Caller, Method, OwnerCalls,
+    SignedService, Watchdog, bind, key_id, new_server, pack, signed_body, unpack)
+from swarm.fabric.grpc.tls import INSECURE_WARNING, server_identity
 from swarm.fabric.membership.addresses import announced_address, host_port, interface_addresses, is_wildcard
 from swarm.fabric.membership.records import Member, MemberRecord
-from swarm.fabric.signing import verify_owner_signature
+from swarm.fabric.signing import canonical_owner, owner_id, owner_key, verify_owner_signature
 from swarm.fabric.weights.announcements import VersionAnnouncement
+
+logger = logging.getLogger(__name__)
 
 MAX_OWNERS_ASKED = 16  # learner keys one Versions request may name
 PAGE_SIZE = 256  # entries per Members or Versions reply: 256 of the largest records stay well under 1 MiB
 MAX_MEMBER_PAGES = 64  # pages a peer follows (64 x 256 > max_per_run's default)
+REGISTRY_CALLS_PER_OWNER = 8  # registry calls one key holds open at once (a peer makes one or two at a time)
 
 
 @dataclass
@@ -39,26 +49,40 @@ class _Entry:
     owner: bytes = b""
     signature: bytes = b""
     payload: bytes = b""
+    learner: bool = False  # a learner's record or announcement: it holds its run's slot
 
 
 @dataclass
 class _Table:
-    """One run's records of one kind, keyed by their owner, and how many each remote IP holds."""
+    """One run's records of one kind, keyed by their owner's key id, how many each remote IP holds,
+    and when the learners' entries among them expire."""
 
     entries: dict = field(default_factory=dict)
     per_ip: Counter = field(default_factory=Counter)
+    learners: dict = field(default_factory=dict)  # key id -> expiry of its learner entry
 
     def put(self, key, entry: _Entry) -> None:
         self.drop(key)
         self.entries[key] = entry
         self.per_ip[entry.ip] += 1
+        if entry.learner:
+            self.learners[key] = entry.expires_at
 
     def drop(self, key) -> None:
         old = self.entries.pop(key, None)
+        self.learners.pop(key, None)
         if old is not None:
             self.per_ip[old.ip] -= 1
             if self.per_ip[old.ip] <= 0:
                 del self.per_ip[old.ip]
+
+    def held(self, now: float) -> bool:
+        """Whether a learner's live entry holds the run's slot."""
+        return any(expires > now for expires in self.learners.values())
+
+    def has(self, key, now: float) -> bool:
+        entry = self.entries.get(key)
+        return entry is not None and entry.expires_at > now
 
     def prune(self, now: float) -> None:
         for key in [k for k, e in self.entries.items() if e.expires_at <= now]:
@@ -73,16 +97,19 @@ class Registry:
 
     max_per_ip: live records (of one kind, in one run) from one remote IP. A NAT puts a whole site
     behind one IP, hence the generous default; raise it for larger sites.
-    max_per_run: live records of one kind in one run. max_runs: runs with live records.
+    max_per_run: live records of one kind in one run. max_runs: runs a learner holds (and, apart,
+    runs waiting for their learner). max_runs_per_owner: runs one key has live records in.
     page_size: entries per Members (or unfiltered Versions) reply, at most PAGE_SIZE.
     """
 
-    def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000,
-                 max_runs: int = 16, page_size: int = PAGE_SIZE, clock=time.time) -> None:
+    def __init__(self, *, max_expiry_s: float = 3600.0, max_per_ip: int = 64, max_per_run: int = 10_000, max_runs: int = 16,
+                 max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner"), page_size: int = PAGE_SIZE,
+                 clock=time.time) -> None:
         self.max_expiry_s, self.clock, self.page_size = max_expiry_s, clock, min(page_size, PAGE_SIZE)
         self.max_per_ip, self.max_per_run, self.max_runs = max_per_ip, max_per_run, max_runs
+        self.max_runs_per_owner = max_runs_per_owner
         self.members: dict[str, _Table] = {}  # run -> records by key id
-        self.versions: dict[str, _Table] = {}  # run -> announcements by owner key
+        self.versions: dict[str, _Table] = {}  # run -> announcements by their key's id
         self.lock = threading.Lock()
 
     def _expiry(self, value) -> float:
@@ -95,17 +122,31 @@ class Registry:
             raise ValueError(f"expiry {value!r} must be a finite number of seconds > 0")
         return min(expiry, self.max_expiry_s)
 
-    def _refusal(self, tables: dict[str, _Table], run_id: str, key, ip: str) -> str | None:
-        """Why a new record of `key` from `ip` in `run_id` would pass a quota (None: it would not).
-        Expired records are dropped first, so they never count. Called with the lock held."""
+    def _refusal(self, tables: dict[str, _Table], run_id: str, key: str, ip: str, learner: bool) -> str | None:
+        """Why a new record of `key` from `ip` in `run_id` would pass a quota (None: it would not);
+        `learner`: it is a learner's (it holds the run's slot). Expired records are dropped first,
+        so they never count. Called with the lock held."""
         now = self.clock()
+        for table in (self.members.get(run_id), self.versions.get(run_id)):
+            if table is not None:
+                table.prune(now)
+        runs = set(self.members) | set(self.versions)
+        if run_id not in runs or (learner and not self._held(run_id, now)):
+            _drop_ended_runs(self.members, now)
+            _drop_ended_runs(self.versions, now)
+            runs = set(self.members) | set(self.versions)
+            held = {run for run in runs if self._held(run, now)}
+            if learner and len(held) >= self.max_runs:
+                return f"the registry holds {self.max_runs} runs with learners (max_runs); try again when one ends"
+            if not learner and run_id not in runs and len(runs - held) >= self.max_runs:
+                return (f"{self.max_runs} runs at this registry wait for their learner (max_runs); run {run_id!r} is "
+                        "taken when its learner joins: start the learner first, or wait for it")
+        mine = {run for run in runs if self._has(run, key, now)}
+        if run_id not in mine and len(mine) >= self.max_runs_per_owner:
+            return f"key {key} takes part in {len(mine)} runs here already (max_runs_per_owner: {self.max_runs_per_owner})"
         table = tables.get(run_id)
         if table is None:
-            _drop_ended_runs(tables, now)
-            if len(tables) >= self.max_runs:
-                return f"the registry holds records of {self.max_runs} runs (max_runs); try again when one ends"
             return None
-        table.prune(now)
         held = table.entries.get(key)
         if held is not None and held.ip == ip:
             return None  # a peer replacing its own record takes no more room
@@ -114,6 +155,12 @@ class Registry:
         if table.per_ip[ip] >= self.max_per_ip:
             return f"{ip} holds {self.max_per_ip} records in run {run_id!r} (max_per_ip; a NAT shares one IP: the registry can allow more)"
         return None
+
+    def _held(self, run_id: str, now: float) -> bool:
+        return any(t is not None and t.held(now) for t in (self.members.get(run_id), self.versions.get(run_id)))
+
+    def _has(self, run_id: str, key: str, now: float) -> bool:
+        return any(t is not None and t.has(key, now) for t in (self.members.get(run_id), self.versions.get(run_id)))
 
     def heartbeat(self, request: dict, caller: Caller | None = None) -> dict:
         """Store the caller's membership record; the record names the caller's own peer id."""
@@ -129,12 +176,13 @@ class Registry:
         if record.peer_id != caller.peer:
             return {"ok": False, "reason": f"a record must carry its own peer's id: {record.peer_id!r} is not "
                                            f"{caller.peer!r}, the id the request is signed as"}
+        learner = record.role == "learner"
         with self.lock:
-            refused = self._refusal(self.members, run_id, caller.key, caller.ip)
+            refused = self._refusal(self.members, run_id, caller.key, caller.ip, learner)
             if refused:
                 return {"ok": False, "reason": refused}
             self.members.setdefault(run_id, _Table()).put(
-                caller.key, _Entry(record.dict(), self.clock() + expiry, caller.ip, owner=caller.owner))
+                caller.key, _Entry(record.dict(), self.clock() + expiry, caller.ip, owner=caller.owner, learner=learner))
         return {"ok": True}
 
     def list_members(self, request: dict, caller: Caller | None = None) -> dict:
@@ -167,19 +215,20 @@ class Registry:
             return {"ok": False, "reason": f"the announcement is for run {announcement.run_id!r}, not {run_id!r}"}
         if not verify_owner_signature(owner, payload, signature):
             return {"ok": False, "reason": "the announcement is not signed by the key it names"}
+        owner, key = canonical_owner(owner), owner_id(owner)  # one key, one announcement, however its text is spelt
         if caller is not None and owner != caller.owner:  # nobody re-posts a learner's announcement (after it expired, say)
             return {"ok": False, "reason": "an announcement is posted by the key that signed it"}
         ip = caller.ip if caller is not None else "local"
         with self.lock:
-            refused = self._refusal(self.versions, run_id, owner, ip)
+            refused = self._refusal(self.versions, run_id, key, ip, learner=True)
             if refused:
                 return {"ok": False, "reason": refused}
             table = self.versions.setdefault(run_id, _Table())
-            held = table.entries.get(owner)
+            held = table.entries.get(key)
             if held is not None and held.value["version"] > announcement.version:
                 return {"ok": False, "reason": f"version {announcement.version} is older than announced {held.value['version']}"}
-            table.put(owner, _Entry(announcement.dict(), self.clock() + expiry, ip, owner=owner, signature=signature,
-                                    payload=payload))
+            table.put(key, _Entry(announcement.dict(), self.clock() + expiry, ip, owner=owner, signature=signature,
+                                  payload=payload, learner=True))
         return {"ok": True}
 
     def list_versions(self, request: dict, caller: Caller | None = None) -> dict:
@@ -189,11 +238,11 @@ class Registry:
         if not isinstance(request, dict):
             return {"versions": []}
         owners = request.get("owners")
-        wanted = {bytes(o) for o in owners[:MAX_OWNERS_ASKED] if isinstance(o, bytes)} if isinstance(owners, list) else None
+        wanted = {_key_id_or_none(o) for o in owners[:MAX_OWNERS_ASKED]} if isinstance(owners, list) else None
         with self.lock:
             table = self.versions.get(str(request.get("run_id")))
             live = table.live(self.clock()) if table else {}
-        found = [{"owner": k, "payload": e.payload, "signature": e.signature} for k, e in live.items()
+        found = [{"owner": e.owner, "payload": e.payload, "signature": e.signature} for k, e in live.items()
                  if wanted is None or k in wanted]
         return {"versions": found[:self.page_size]}
 
@@ -227,6 +276,14 @@ def _drop_ended_runs(tables: dict[str, _Table], now: float) -> None:
             del tables[run]
 
 
+def _key_id_or_none(owner) -> str | None:
+    """The key id of an `[owner:...]` subkey a request names; None when it names no key."""
+    try:
+        return owner_id(owner) if isinstance(owner, bytes) else None
+    except ValueError:
+        return None
+
+
 def _bytes(request: dict, name: str) -> bytes:
     """A bytes field of a request; anything else is refused, never converted (bytes(2**34) would
     allocate 16 GiB on the word of a 9-byte request)."""
@@ -237,26 +294,24 @@ def _bytes(request: dict, name: str) -> bytes:
 
 
 class _RegistryService:
-    """The registry's gRPC methods: each reads its one request (the watchdog cuts a caller that
-    never sends it), checks its signature, and only then parses it."""
+    """The registry's gRPC methods: each call's signature is checked before it gets a thread
+    (grpc.common.SignedService); then its one request is read (the watchdog cuts a caller that
+    never sends it), checked against the signed hash, and only then parsed."""
 
     METHODS = ("Heartbeat", "Members", "Announce", "Versions", "Observe")
 
-    def __init__(self, registry: Registry, authenticator: Authenticator, request_wait_s: float) -> None:
-        self.registry, self.authenticator, self.request_wait_s, self.watchdog = registry, authenticator, request_wait_s, Watchdog()
+    def __init__(self, registry: Registry, request_wait_s: float) -> None:
+        self.registry, self.request_wait_s, self.watchdog = registry, request_wait_s, Watchdog()
         self.calls = {"Heartbeat": registry.heartbeat, "Members": registry.list_members,
                       "Announce": registry.announce, "Versions": registry.list_versions, "Observe": registry.observe}
 
     def handler(self, method: str):
-        def handle(requests, context) -> dict:
+        def handle(requests, context, caller: Caller) -> dict:
             watch = self.watchdog.watch(context)
             try:
-                body = first_request(requests, watch, REGISTRY_REQUEST_LIMIT, self.request_wait_s)
-            except ValueError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                body = signed_body(requests, watch, context, caller, REGISTRY_REQUEST_LIMIT, self.request_wait_s)
             finally:
                 watch.close()
-            caller = authenticate(self.authenticator, context, f"/{SERVICE}.Registry/{method}", body)
             try:
                 request = unpack(body)
             except Exception as exc:  # noqa: BLE001  msgpack raises several types on garbage
@@ -268,18 +323,24 @@ class _RegistryService:
         return handle
 
 
-def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0, *,
-                   authenticator: Authenticator | None = None, request_wait_s: float = REQUEST_WAIT_S):
-    """(started gRPC server, bound port). Stop it with `stop_registry`. request_wait_s: how long a
-    call may keep a server thread waiting for its request."""
-    service = _RegistryService(registry, authenticator or Authenticator(), request_wait_s)
-    handlers = {name: grpc.stream_unary_rpc_method_handler(service.handler(name), request_deserializer=None,
-                                                          response_serializer=pack)
-                for name in service.METHODS}
-    server = new_server(limit=REGISTRY_REQUEST_LIMIT)
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Registry", handlers)])
+def serve_registry(registry: Registry, host: str = "127.0.0.1", port: int = 0, *, signing_key=None, insecure: bool = False,
+                   authenticator: Authenticator | None = None, request_wait_s: float = REQUEST_WAIT_S,
+                   calls_per_owner: int = REGISTRY_CALLS_PER_OWNER, workers: int = 64):
+    """(started gRPC server, bound port). Stop it with `stop_registry`. signing_key: the registry's
+    key, whose certificate it presents over TLS (its id goes before the address peers are given:
+    KEYID@host:port); insecure: plain text instead, with a warning. request_wait_s: how long a
+    signed call may keep a server thread waiting for its request."""
+    if signing_key is None and not insecure:
+        raise ValueError("a gRPC registry needs a signing key for TLS, or insecure=True for plain text")
+    if insecure:
+        logger.warning(INSECURE_WARNING)
+    service = _RegistryService(registry, request_wait_s)
+    methods = {name: Method(service.handler(name), streams_replies=False, response_serializer=pack) for name in service.METHODS}
+    server = new_server(workers=workers, limit=REGISTRY_REQUEST_LIMIT)
+    server.add_generic_rpc_handlers([SignedService(f"{SERVICE}.Registry", methods, authenticator or Authenticator(),
+                                                   calls=OwnerCalls(calls_per_owner))])
     server.watchdog = service.watchdog
-    bound = bind(server, host, port)
+    bound = bind(server, host, port, None if insecure else server_identity(signing_key))
     server.start()
     return server, bound
 
@@ -304,14 +365,20 @@ def members_from(listed: list[dict]) -> list:
 
 
 class GrpcBootstrap:
-    """A bootstrap node of a gRPC swarm: the registry, served on `host:port`."""
+    """A bootstrap node of a gRPC swarm: the registry, served on `host:port` (over TLS with
+    `signing_key`'s certificate, a fresh key when None, unless `insecure`)."""
 
     transport = "grpc"
 
-    def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None) -> None:
-        self.run_id, self.host = run_id, host
-        self.registry = Registry()
-        self._server, self.port = serve_registry(self.registry, host, port)
+    def __init__(self, run_id: str, *, host: str, port: int, announce_addr: str | None = None, signing_key=None,
+                 insecure: bool = False, max_runs_per_owner: int = default_of(BootstrapConfig, "max_runs_per_owner")) -> None:
+        from hivemind.utils.crypto import RSAPrivateKey
+
+        self.run_id, self.host, self.insecure = run_id, host, insecure
+        self.signing_key = signing_key or RSAPrivateKey()
+        self.key_id = "" if insecure else key_id(owner_key(self.signing_key))
+        self.registry = Registry(max_runs_per_owner=max_runs_per_owner)
+        self._server, self.port = serve_registry(self.registry, host, port, signing_key=self.signing_key, insecure=insecure)
         self.announced = announced_address(announce_addr, self.port) if announce_addr else None
 
     @property
@@ -319,12 +386,14 @@ class GrpcBootstrap:
         return self.addresses()[0]
 
     def addresses(self) -> list[str]:
-        """HOST:PORT for --peers, the best for others first: the announced address, else (listening
-        on every interface) this machine's addresses, public, private, then loopback."""
+        """KEYID@HOST:PORT for --peers (HOST:PORT when insecure), the best for others first: the
+        announced address, else (listening on every interface) this machine's addresses, public,
+        private, then loopback. The key id pins the registry's TLS certificate (grpc/tls.py)."""
 
         hosts = interface_addresses() if is_wildcard(self.host) else [self.host]
         found = [host_port(h, self.port) for h in hosts]
-        return list(dict.fromkeys(([self.announced] if self.announced else []) + found))
+        prefix = f"{self.key_id}@" if self.key_id else ""
+        return [prefix + a for a in dict.fromkeys(([self.announced] if self.announced else []) + found)]
 
     def members(self):
         return members_from(self.registry.all_members(self.run_id))

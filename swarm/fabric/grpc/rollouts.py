@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Iterator, Sequence
 
 import grpc
@@ -44,7 +45,9 @@ class GrpcRolloutInbox(InboxCore):
     """A learner's inbox on its gRPC server. Backpressure: a full queue blocks the server thread,
     which stops reading the sender's stream, and gRPC flow control holds the sender back. Senders
     are known by their key (see GrpcPeerServer.name_of), and each stream counts against
-    StreamLimits: refused RESOURCE_EXHAUSTED past a limit, cut when idle longer than idle_s."""
+    StreamLimits: refused RESOURCE_EXHAUSTED past a limit, cut when idle longer than idle_s, or
+    when it trickles (StreamLimits.sender_budget: after rate_grace_s of waiting on its sender, a
+    stream must average stream_bytes_per_s), so tiny frames sent now and then hold no slot."""
 
     def __init__(self, server: GrpcPeerServer, **options) -> None:
         super().__init__(**options)
@@ -61,9 +64,12 @@ class GrpcRolloutInbox(InboxCore):
         watch = self._server.watchdog.watch(context)
         release = _Once(lambda: self._release(remote, watch))
         context.add_callback(release)  # also when gRPC drops this generator unfinished (a cut during a write)
+        waited_s, received = 0.0, 0  # the sender's time on this stream (not the learner's), and its bytes
         try:
             while True:
-                watch.expect(self.streams.idle_s)  # the sender's turn: send the next frame
+                started = time.monotonic()
+                # the sender's turn: the next frame, within idle_s and what its rate so far leaves it
+                watch.expect(min(self.streams.idle_s, max(0.0, self.streams.sender_budget(waited_s, received))))
                 try:
                     frame = next(frames)
                 except StopIteration:
@@ -71,6 +77,7 @@ class GrpcRolloutInbox(InboxCore):
                 except grpc.RpcError:
                     return  # cut by the watchdog (counted on release) or cancelled by the sender
                 watch.hold()  # checking and queueing it is the learner's time, not the sender's
+                waited_s, received = waited_s + time.monotonic() - started, received + len(frame)
                 ack = self._ack(frame, remote)
                 watch.expect(self.streams.idle_s)  # taking the ack is the sender's part again
                 yield ack
@@ -88,7 +95,8 @@ class GrpcRolloutInbox(InboxCore):
         self.close_stream(remote)
         if watch.cut:  # counted as the hivemind inbox counts its timeouts
             self.stats.reasons["slow sender"] += 1
-            self.note_refusal(remote, f"a stream idle past {self.streams.idle_s:g}s was closed")
+            self.note_refusal(remote, f"a stream idle past {self.streams.idle_s:g}s, or slower than "
+                                      f"{self.streams.stream_bytes_per_s:g} bytes/s, was closed")
 
     def close(self) -> None:
         self.closed.set()

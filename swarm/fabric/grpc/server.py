@@ -7,10 +7,13 @@ claims another peer's address harms nobody but itself. The server's thread pool 
 rollout streams the inbox allows (StreamLimits.total) plus a reserve, so weight requests are
 served while every stream is held open, and the watchdog cuts a stream idle longer than
 StreamLimits.idle_s, or a weight transfer whose receiver stops reading, which frees its thread.
+Signatures are checked before a call gets a thread (grpc.common.SignedService), and the server
+speaks TLS with a certificate made from the peer's signing key (grpc/tls.py) unless `insecure`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -18,8 +21,9 @@ from typing import Iterator
 
 import grpc
 
-from swarm.fabric.grpc.common import (CHUNK_BYTES, MESSAGE_LIMIT, SERVICE, Authenticator, Caller, Watchdog, authenticate, bind,
-    dial_address, first_request, new_server, pack, unpack)
+from swarm.fabric.grpc.common import (CHUNK_BYTES, MESSAGE_LIMIT, SERVICE, Authenticator, Caller, Method, OwnerCalls,
+    SignedService, Watchdog, bind, dial_address, key_of_peer, new_server, pack, signed_body, unpack)
+from swarm.fabric.grpc.tls import pinned_channel, server_identity
 from swarm.fabric.rollouts.inbox import StreamLimits
 from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.weights.versions import WEIGHT_REQUEST_LIMIT
@@ -38,25 +42,38 @@ CLIENT_RECEIVE_LIMIT = CHUNK_BYTES + 1024 * 1024
 
 
 class Channels:
-    """One channel per remote address, reused across calls (a peer id names its address); the
+    """One channel per remote address and key, reused across calls (a peer id names both); the
     least recently used are closed beyond `limit`, so member records naming ever new addresses
-    cannot grow them without bound."""
+    cannot grow them without bound. Over TLS (unless `insecure`) a channel trusts only the
+    certificate of the key the peer id names (grpc/tls.py): a new channel costs one extra TLS
+    handshake, to read that certificate, and raises tls.WrongPeerKey (a ConnectionError) when the
+    server holds another key."""
 
-    def __init__(self, limit: int = MAX_CHANNELS) -> None:
+    def __init__(self, limit: int = MAX_CHANNELS, *, insecure: bool = False) -> None:
         self._channels: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
-        self.limit = limit
+        self.limit, self.insecure = limit, insecure
 
     def get(self, peer: str):
-        address = dial_address(peer)
+        address, key = dial_address(peer), key_of_peer(peer)
         with self._lock:
-            if address not in self._channels:
-                options = [("grpc.max_send_message_length", MESSAGE_LIMIT), ("grpc.max_receive_message_length", CLIENT_RECEIVE_LIMIT)]
-                self._channels[address] = grpc.insecure_channel(address, options=options)
+            channel = self._channels.get((address, key))
+            if channel is not None:
+                self._channels.move_to_end((address, key))
+                return channel
+        options = [("grpc.max_send_message_length", MESSAGE_LIMIT), ("grpc.max_receive_message_length", CLIENT_RECEIVE_LIMIT)]
+        # the handshake that reads the certificate happens outside the lock: a slow peer holds up no other dial
+        channel = grpc.insecure_channel(address, options=options) if self.insecure else pinned_channel(address, key, options)
+        with self._lock:
+            if (address, key) in self._channels:  # another thread dialled it meanwhile
+                channel.close()
+                channel = self._channels[(address, key)]
+            else:
+                self._channels[(address, key)] = channel
                 while len(self._channels) > self.limit:
                     self._channels.popitem(last=False)[1].close()
-            self._channels.move_to_end(address)
-            return self._channels[address]
+            self._channels.move_to_end((address, key))
+            return channel
 
     def close(self) -> None:
         with self._lock:
@@ -71,21 +88,27 @@ class GrpcPeerServer:
     first (UNAUTHENTICATED, before anything is read, when its signature does not hold)."""
 
     def __init__(self, host: str, port: int, run_id: str, *, authenticator: Authenticator | None = None,
-                 workers: int = StreamLimits().total + RESERVE_WORKERS) -> None:
-        self.run_id, self.workers = run_id, workers
+                 workers: int = StreamLimits().total + RESERVE_WORKERS, signing_key=None, insecure: bool = False,
+                 calls: OwnerCalls | None = None) -> None:
+        """signing_key: the peer's key (hivemind RSAPrivateKey), whose certificate the server presents
+        over TLS; insecure: plain text instead (GrpcFabric warns of it); a server with neither is refused."""
+        if signing_key is None and not insecure:
+            raise ValueError("a gRPC peer server needs the peer's signing key for TLS, or insecure=True for plain text")
+        self.run_id, self.workers, self.insecure = run_id, workers, insecure
         self.weight_send_s = WEIGHT_SEND_S  # longest a receiver may take to read one weight chunk
         self.authenticator = authenticator or Authenticator()
         self.rollout_handler = None  # fn(frames iterator, sender's name, context) -> acks iterator
         self.weight_handler = None  # fn(request dict, caller's key id, its peer id) -> messages iterator
         self._names: OrderedDict[str, str] = OrderedDict()  # key id -> the name its calls go by here
         self._names_lock = threading.Lock()
-        handlers = {
-            "Rollouts": grpc.stream_stream_rpc_method_handler(self._rollouts, request_deserializer=None, response_serializer=pack),
-            "Weights": grpc.stream_stream_rpc_method_handler(self._weights, request_deserializer=None, response_serializer=None),
-        }
+        methods = {"Rollouts": Method(self._rollouts, streams_replies=True, response_serializer=pack),
+                   "Weights": Method(self._weights, streams_replies=True)}
+        self.service = SignedService(f"{SERVICE}.Peer", methods, self.authenticator, run_id=run_id, calls=calls)
         self.server = new_server(workers=workers)
-        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(f"{SERVICE}.Peer", handlers)])
-        self.port = bind(self.server, host, port)
+        self.server.add_generic_rpc_handlers([self.service])
+        identity = None if insecure else server_identity(signing_key)
+        self.key_id = identity.key_id if identity else ""  # the key whose certificate it presents ("" in plain text)
+        self.port = bind(self.server, host, port, identity)
         self.address = f"{host}:{self.port}"
         self.watchdog = Watchdog()  # after bind: a port in use leaves no thread behind
         self.server.start()
@@ -104,21 +127,19 @@ class GrpcPeerServer:
                 self._names.move_to_end(caller.key)
             return name
 
-    def _rollouts(self, frames: Iterator[bytes], context):
-        caller = authenticate(self.authenticator, context, ROLLOUTS, b"", self.run_id)  # the stream's signed opening
+    def _rollouts(self, frames: Iterator[bytes], context, caller: Caller):
+        # the stream's signed opening (an empty body; its frames travel under TLS)
+        if caller.body_digest != EMPTY_DIGEST:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a rollout stream's opening signs an empty body")
         handler = self.rollout_handler
         if handler is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this peer takes no rollouts (not a learner)")
         yield from handler(frames, self.name_of(caller), context)
 
-    def _weights(self, requests: Iterator[bytes], context):
+    def _weights(self, requests: Iterator[bytes], context, caller: Caller):
         watch = self.watchdog.watch(context)
         try:
-            try:
-                body = first_request(requests, watch, WEIGHT_REQUEST_LIMIT)
-            except ValueError as exc:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            caller = authenticate(self.authenticator, context, WEIGHTS, body, self.run_id)
+            body = signed_body(requests, watch, context, caller, WEIGHT_REQUEST_LIMIT)
             handler = self.weight_handler
             if handler is None:
                 context.abort(grpc.StatusCode.UNIMPLEMENTED, "this peer serves no weights")
@@ -146,3 +167,4 @@ class GrpcPeerServer:
 
 
 WEIGHTS = f"/{SERVICE}.Peer/Weights"
+EMPTY_DIGEST = hashlib.sha256(b"").digest()

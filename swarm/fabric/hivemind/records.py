@@ -19,6 +19,7 @@ from pydantic.v1 import BaseModel
 
 from swarm.config import SwarmSettings, default_of
 from swarm.fabric.membership.records import EXPIRY_HEARTBEATS, Heartbeat, Member, MemberRecord, members_key
+from swarm.fabric.signing import is_canonical_owner
 from swarm.fabric.weights.announcements import Announced, VersionAnnouncement, newest_authorised, versions_key
 
 
@@ -56,6 +57,8 @@ def list_members(dht, run_id: str) -> "list[Member]":
         return []
     members = []
     for subkey, item in found.value.items():
+        if not is_canonical_owner(subkey):  # one key, one member: another spelling of a key's text is no second member
+            continue
         try:
             record = MemberRecord.parse_obj(item.value)
         except Exception:  # noqa: BLE001  a record another version wrote: skip it

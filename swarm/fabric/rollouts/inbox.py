@@ -58,6 +58,16 @@ class StreamLimits:
     idle_s: float = 30.0  # longest wait for the next frame of an open stream
     frame_s: float = 10.0  # a frame's deadline: this, plus its size at `min_bytes_per_s`
     min_bytes_per_s: float = 256 * 1024
+    # a stream that only trickles holds a slot others need: past `rate_grace_s` of waiting on the
+    # sender, it must have sent `stream_bytes_per_s` on average (gRPC inbox; an honest sampler
+    # sends its groups at once)
+    rate_grace_s: float = 5.0
+    stream_bytes_per_s: float = 1024
+
+    def sender_budget(self, waited_s: float, received: int) -> float:
+        """Seconds a stream's sender may still take for its next frame, having kept the learner
+        waiting `waited_s` in all and sent `received` bytes."""
+        return max(self.rate_grace_s, received / self.stream_bytes_per_s) - waited_s
 
     def frame_deadline(self, size: int) -> float:
         return self.frame_s + size / self.min_bytes_per_s

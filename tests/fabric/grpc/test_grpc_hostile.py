@@ -12,6 +12,7 @@ import time
 import grpc
 import pytest
 import torch
+from hivemind.utils.crypto import RSAPrivateKey
 
 from benchmarks.waiting import wait_until
 from swarm.fabric.rollouts.bans import PeerBans
@@ -199,7 +200,7 @@ def learner_server():
 
     def make(idle_s: float):
         limits = StreamLimits(per_peer=2, total=4, idle_s=idle_s)
-        server = GrpcPeerServer("127.0.0.1", 0, RUN, workers=limits.total + RESERVE_WORKERS)
+        server = GrpcPeerServer("127.0.0.1", 0, RUN, workers=limits.total + RESERVE_WORKERS, signing_key=RSAPrivateKey())
         inbox = GrpcRolloutInbox(server, vocab_size=VOCAB, streams=limits)
         inbox.learner_version = 3
         store = VersionStore()

@@ -16,6 +16,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from swarm.fabric.grpc.common import REGISTRY_REQUEST_LIMIT, SERVICE, Caller, RequestSigner, key_id, pack, peer_id_of, unpack
 from swarm.fabric.signing import owner_key
 from swarm.fabric.grpc.fabric import GrpcFabric
+from swarm.fabric.grpc.server import Channels
 from swarm.fabric.grpc.registry import PAGE_SIZE, Registry, serve_registry, stop_registry
 from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
@@ -32,7 +33,8 @@ class Client:
         self.key = key or RSAPrivateKey()
         self.owner, self.run_id = owner_key(self.key), run_id
         self.peer = peer_id_of(key_id(self.owner), address_claimed)
-        self.channel = grpc.insecure_channel(address)
+        self.channels = Channels()
+        self.channel = self.channels.get(address)  # TLS, the registry's certificate pinned by the key id in its address
 
     def call(self, method: str, request: dict, *, claim: str | None = None) -> dict:
         path, body = f"/{SERVICE}.Registry/{method}", pack(request)
@@ -49,7 +51,7 @@ class Client:
                                       "expiry_s": expiry_s})
 
     def close(self) -> None:
-        self.channel.close()
+        self.channels.close()
 
 
 def announcement(key, run_id: str, version: int) -> dict:
@@ -63,9 +65,10 @@ def served():
     servers, clients = [], []
 
     def serve(registry: Registry | None = None, **options) -> str:
-        server, port = serve_registry(registry or Registry(), "127.0.0.1", 0, **options)
+        key = RSAPrivateKey()
+        server, port = serve_registry(registry or Registry(), "127.0.0.1", 0, signing_key=key, **options)
         servers.append(server)
-        return f"127.0.0.1:{port}"
+        return f"{key_id(owner_key(key))}@127.0.0.1:{port}"
 
     def client(address: str, **options) -> Client:
         made = Client(address, **options)
