@@ -131,6 +131,10 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 def _from_bits(bits: np.ndarray, dtype: torch.dtype, shape, *, copy: bool = True) -> torch.Tensor:
     raw = np.ascontiguousarray(bits).view(np.uint8)
+    if raw.size == 0:  # (torch will not view an empty byte tensor as a wider dtype: its stride is 0)
+        if math.prod(shape) != 0:
+            raise ValueError(f"no bits for a tensor of shape {tuple(shape)}")
+        return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(raw.copy() if copy else raw).view(dtype).reshape(shape)
 
 
@@ -175,20 +179,17 @@ def _ranked_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype):
     parts = []
     for start, end in groups(n, block):
         classes = block_classes(old[start:end], dtype, block)
-        # the run's elements, block by block, class by class, in index order (each block's places
-        # counted from its start: offsets are added to the changes only)
-        order = np.argsort(classes.reshape(-1, block), axis=1, kind="stable").ravel()
-        sorted_classes = np.take_along_axis(classes.reshape(-1, block), order.reshape(-1, block), axis=1).ravel()
-        starts = block_starts(sorted_classes, count, block)
-        del sorted_classes
+        order = np.argsort(classes.reshape(-1, block), axis=1, kind="stable")
+        order += np.arange(0, classes.size, block)[:, None]
+        order = order.ravel()  # the run's elements, block by block, class by class, in index order
+        # (np.take: a quarter faster than indexing here; take_along_axis is three times slower)
+        starts = block_starts(np.take(classes, order), count, block)
         first_row = start // block
         members[first_row:first_row + classes.size // block] = np.diff(starts).reshape(-1, count)
         changed = np.zeros(classes.size, bool)
         np.not_equal(old[start:end], new[start:end], out=changed[:end - start])
-        changed = np.take_along_axis(changed.reshape(-1, block), order.reshape(-1, block), axis=1).ravel()
-        at = np.flatnonzero(changed)  # the changes' places in that order
-        del changed
-        index = order[at] + at // block * block
+        at = np.flatnonzero(np.take(changed, order))  # the changes' places in that order
+        index = order[at]
         cls = classes[index]
         key = (at // block) * count + cls  # block and class, within the run
         parts.append((cls, key + first_row * count, at - starts[key], index + start))

@@ -85,9 +85,7 @@ def test_mismatched_versions_cannot_be_delta_encoded():
 # format 3: positions class by class (the base's exponent), steps in representable values
 
 import random
-import zlib
 
-import msgpack
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
