@@ -34,8 +34,9 @@ time of sending it on a fast link), then a msgpack map:
   hash str, tensors: [ {n name, d dtype, s shape, k "same" | "sparse" | "dense", b bits (dense
   only, little-endian)} ], and for deltas with sparse tensors: classes [[class, count], ...]
   (ascending classes, the number of changed elements of each), gaps bytes, steps bytes.
-In a delta, gaps, steps and each dense b are [raw size, zlib stream] pairs: compressed and
-decompressed each on its own thread, and bounded (the sizes are checked before anything inflates).
+In a delta, gaps, steps and each dense b are lists of segments, [raw size, zlib stream] pairs of at
+most SEGMENT bytes each: compressed and decompressed each on its own thread, and bounded (the sizes
+are checked before anything inflates).
 Format 4 (this one) replaced format 3's zlib over the whole msgpack body (b"Z": one stream, on one
 core) and its sha256 hash (BLAKE3 is two to three times faster); receivers refuse payloads of any
 other format, saying which peer is behind.
@@ -109,6 +110,9 @@ CHUNK = 1 << 22
 # quarter of the time (benchmarks/delta_speed.py). With Z_RLE, zlib's level changes nothing else.
 ZLIB_STRATEGY = zlib.Z_RLE
 ZLIB_LEVEL = 6
+# a compressed stream is cut into segments of at most this many bytes, compressed side by side (zlib
+# looks back 32 KB only, so the cuts cost a few bytes each: no ratio is lost)
+SEGMENT = 4 << 20
 # Speed only (no payload depends on it, nor on value_classes.BLOCK, GROUP). Threads that work on
 # pieces and hashes: numpy's sorts, gathers and comparisons, hashlib and zlib run without the GIL.
 THREADS = min(4, os.cpu_count() or 1)
@@ -435,6 +439,27 @@ def _compressed(chunks, level: int) -> list:
     return [sum(len(c) for c in chunks), deflated(b"", chunks, level, ZLIB_STRATEGY)]
 
 
+def _segments(chunks) -> list[list]:
+    """The bytes-like `chunks` regrouped into runs of at most SEGMENT bytes (slices, not copies)."""
+    out, run, size = [], [], 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while len(view):
+            part = view[:SEGMENT - size]
+            run.append(part)
+            size += len(part)
+            view = view[len(part):]
+            if size == SEGMENT:
+                out.append(run)
+                run, size = [], 0
+    return out + [run] if run or not out else out
+
+
+def _compressed_segments(chunks, level: int, pool) -> list:
+    """The segments of a stream, each compressed on `pool` (futures of [size, zlib stream])."""
+    return [pool.submit(_compressed, run, level) for run in _segments(chunks)]
+
+
 def _resolved(value):
     """A body's value with its compressions (futures) done."""
     if isinstance(value, Future):
@@ -450,7 +475,8 @@ def delta_payload(body: dict, level: int = ZLIB_LEVEL) -> bytes:
     """A delta's payload from its body as plain values (gaps, steps and dense b as raw bytes): the
     wire layout (the module's docstring), for whoever writes a delta by hand (tests, references)."""
     def squeezed(value):  # (a hand-written body may hold something else there: passed on, for the receiver to refuse)
-        return _compressed([value], level) if isinstance(value, (bytes, bytearray, memoryview)) else value
+        return _resolved(_compressed_segments([value], level, Inline())) if isinstance(value, (bytes, bytearray, memoryview)) \
+            else value
 
     body = dict(body)
     if isinstance(body.get("tensors"), list):
@@ -495,11 +521,11 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
                 for piece in changes:
                     sparse.add(piece, dtype)
             else:
-                entry.update(k="dense", b=pool.submit(_compressed, [new_bits.view(np.uint8)], level))
+                entry.update(k="dense", b=_compressed_segments([new_bits.view(np.uint8)], level, pool))
         streams = sparse.streams()
         for key in ("gaps", "steps"):  # compressed side by side
             if key in streams:
-                streams[key] = pool.submit(_compressed, streams[key].chunks, level)
+                streams[key] = _compressed_segments(streams[key].chunks, level, pool)
         body = _resolved({"v": FORMAT, "kind": "delta", "version": version, "base": base_version,
                           "base_hash": hashes[0].result(), "hash": hashes[1].result(), "tensors": tensors, **streams})
     return DELTA_CODEC + msgpack.packb(body, use_bin_type=True)
@@ -528,7 +554,7 @@ def _inflate(data, size: int) -> bytes:
 
 
 def _compressed_fields(body: dict) -> list[tuple[dict, str]]:
-    """Where a delta's compressed [size, stream] pairs are: (the map, its key)."""
+    """Where a delta's compressed streams (lists of [size, stream] segments) are: (the map, its key)."""
     places = [(body, key) for key in ("gaps", "steps") if key in body]
     tensors = body.get("tensors")
     if isinstance(tensors, list):
@@ -537,19 +563,22 @@ def _compressed_fields(body: dict) -> list[tuple[dict, str]]:
 
 
 def _inflate_fields(body: dict, max_bytes: int, pool) -> None:
-    """A delta's compressed fields replaced by their bytes (decompressed side by side on `pool`),
-    their declared sizes checked against `max_bytes` before any of them inflates."""
+    """A delta's compressed fields replaced by their bytes (segments decompressed side by side on
+    `pool`), their declared sizes checked against `max_bytes` before any of them inflates."""
     places = _compressed_fields(body)
     for where, key in places:
-        pair = where[key]
-        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], int) and pair[0] >= 0
-                and isinstance(pair[1], bytes)):
-            raise CorruptVersion(f"a delta's {key} is not a [size, compressed bytes] pair")
-    if sum(where[key][0] for where, key in places) > max_bytes:
+        segments = where[key]
+        if not (isinstance(segments, list) and all(
+                isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and pair[0] >= 0 and isinstance(pair[1], bytes)
+                for pair in segments)):
+            raise CorruptVersion(f"a delta's {key} is not a list of [size, compressed bytes] segments")
+    if sum(pair[0] for where, key in places for pair in where[key]) > max_bytes:
         raise CorruptVersion(f"payload decompresses to more than {max_bytes} bytes")
-    done = [pool.submit(_inflate, where[key][1], where[key][0]) for where, key in places]
-    for (where, key), future in zip(places, done):
-        where[key] = future.result()
+    done = [[pool.submit(_inflate, pair[1], pair[0]) for pair in where[key]] for where, key in places]
+    for (where, key), futures in zip(places, done):
+        parts = [future.result() for future in futures]
+        where[key] = parts[0] if len(parts) == 1 else b"".join(parts)
+        del parts
 
 
 def _format_error(codec: bytes, version) -> UnsupportedFormat:

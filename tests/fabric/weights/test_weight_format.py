@@ -61,10 +61,10 @@ def test_a_delta_whose_stream_inflates_past_its_declared_size_is_refused():
     b["w"][::7] = 1
     body = wd.delta_body(encode_delta(a, b, base_version=0, version=1))
     payload = msgpack.unpackb(wd.delta_payload(body)[1:], raw=False)
-    payload["gaps"][0] -= 1  # claims one byte less than the stream holds
+    payload["gaps"][0][0] -= 1  # its one segment claims one byte less than it holds
     with pytest.raises(CorruptVersion, match="more than its"):
         apply_payload(b"C" + msgpack.packb(payload, use_bin_type=True), a)
-    payload["gaps"][0] = 2**62  # more than any bound: refused before inflating
+    payload["gaps"][0][0] = 2**62  # more than any bound: refused before inflating
     with pytest.raises(CorruptVersion, match="decompresses to more than"):
         apply_payload(b"C" + msgpack.packb(payload, use_bin_type=True), a)
 
@@ -177,3 +177,20 @@ def test_an_untied_model_keeps_both_matrices():
     model = _tiny(tied=False, seed=0)
     assert tied_aliases(model) == {}
     assert "lm_head.weight" in unique_state(model)
+
+
+def test_long_streams_travel_in_segments_compressed_side_by_side(monkeypatch):
+    monkeypatch.setattr(wd, "SEGMENT", 1000)
+    gen = torch.Generator().manual_seed(3)
+    base = {"w": (torch.randn(200_000, generator=gen) * 0.02).to(torch.bfloat16), "d": torch.arange(3000, dtype=torch.int32)}
+    new = {"w": _moved(base["w"], 0.3, gen), "d": torch.randint(-2**31, 2**31 - 1, (3000,), generator=gen, dtype=torch.int32)}
+    payload = encode_delta(base, new, base_version=0, version=1)
+    outer = msgpack.unpackb(payload[1:], raw=False)
+    assert len(outer["gaps"]) > 3 and all(size <= 1000 for size, _ in outer["gaps"])
+    dense = next(e for e in outer["tensors"] if e["n"] == "d")
+    assert dense["k"] == "dense" and len(dense["b"]) == 12
+    _, state = apply_payload(payload, base)
+    assert_bit_exact(state, new)
+    outer["gaps"][1], outer["gaps"][2] = outer["gaps"][2], outer["gaps"][1]  # segments out of order: caught
+    with pytest.raises(CorruptVersion):
+        apply_payload(b"C" + msgpack.packb(outer, use_bin_type=True), base)
