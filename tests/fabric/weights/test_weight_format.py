@@ -12,6 +12,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from swarm.fabric.weights import delta as wd
+from swarm.fabric.weights import wire_layout
 from swarm.fabric.weights.delta import (
     CorruptVersion,
     UnsupportedFormat,
@@ -180,7 +181,7 @@ def test_an_untied_model_keeps_both_matrices():
 
 
 def test_long_streams_travel_in_segments_compressed_side_by_side(monkeypatch):
-    monkeypatch.setattr(wd, "SEGMENT", 1000)
+    monkeypatch.setattr(wire_layout, "SEGMENT", 1000)
     gen = torch.Generator().manual_seed(3)
     base = {"w": (torch.randn(200_000, generator=gen) * 0.02).to(torch.bfloat16), "d": torch.arange(3000, dtype=torch.int32)}
     new = {"w": _moved(base["w"], 0.3, gen), "d": torch.randint(-2**31, 2**31 - 1, (3000,), generator=gen, dtype=torch.int32)}
