@@ -195,3 +195,18 @@ def test_long_streams_travel_in_segments_compressed_side_by_side(monkeypatch):
     outer["gaps"][1], outer["gaps"][2] = outer["gaps"][2], outer["gaps"][1]  # segments out of order: caught
     with pytest.raises(CorruptVersion):
         apply_payload(b"C" + msgpack.packb(outer, use_bin_type=True), base)
+
+
+def test_the_transformers_backend_takes_a_published_state_and_keeps_its_tie():
+    from swarm.generation import TransformersBackend
+    from swarm.model.loading import load_policy
+
+    model, tokenizer = load_policy("embedded")
+    assert tied_aliases(model)  # the embedded policy ties its output layer to the embedding
+    backend = TransformersBackend(model, tokenizer)
+    published = {k: v + 0.5 if v.is_floating_point() else v for k, v in unique_state(model, torch.bfloat16).items()}
+    _, held = apply_payload(encode_snapshot(published, 7))
+    backend.load_state_dict(held)
+    head, embed = backend.model.get_output_embeddings().weight, backend.model.get_input_embeddings().weight
+    assert head.data_ptr() == embed.data_ptr()
+    assert torch.equal(embed, held["model.embed_tokens.weight"].to(embed.dtype))
