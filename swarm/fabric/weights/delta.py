@@ -63,7 +63,7 @@ import msgpack
 import numpy as np
 import torch
 
-from swarm.fabric.weights.packed_stream import Bin
+from swarm.fabric.weights.packed_stream import Bin, packed
 from swarm.fabric.weights.wire_layout import (  # noqa: F401  (FORMAT, the codecs, delta_body, delta_payload: this module's interface too)
     DELTA_CODEC,
     FORMAT,
@@ -419,11 +419,13 @@ def _state_hash(state: Mapping[str, torch.Tensor], pending: Mapping[str, list[Fu
 
 
 def encode_snapshot(state: Mapping[str, torch.Tensor], version: int) -> bytes:
-    tensors = [{"n": n, "d": str(t.dtype), "s": list(t.shape), "k": "dense", "b": memoryview(_bits(t).view(np.uint8))}
-               for n, t in sorted(state.items())]  # memoryviews: msgpack copies the bits once, into the payload
+    tensors = [{"n": n, "d": str(t.dtype), "s": list(t.shape), "k": "dense", "b": Bin([_bits(t).view(np.uint8)])}
+               for n, t in sorted(state.items())]
     body = {"v": FORMAT, "kind": "snapshot", "version": version, "base": None, "base_hash": None,
             "hash": state_hash(state), "tensors": tensors}
-    return SNAPSHOT_CODEC + msgpack.packb(body, use_bin_type=True)
+    # msgpack.packb's bytes, packed in pieces and joined once: the bits are copied once, into the
+    # payload (packb grows a buffer and copies it out: twice a snapshot's size at its peak)
+    return b"".join([SNAPSHOT_CODEC, *packed(body, msgpack.Packer(use_bin_type=True))])
 
 
 def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *, base_version: int, version: int,
