@@ -47,6 +47,9 @@ element than one of a whole piece) and GROUP elements at a time (bounding each t
 memory), spread the pieces over THREADS threads (numpy's sorts, gathers and comparisons, hashlib and
 zlib release the GIL), keep the streams as varint bytes rather than as 8-byte integers, and
 compress each stream from the pieces it was made in (packed_stream.py) instead of joining them.
+Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed): about 10 ns of CPU
+an element each way, a third of it the stable sort of each block's classes, which both ends need
+(the positions count within classes); the hash (BLAKE3) and zlib are a few percent.
 """
 
 from __future__ import annotations
