@@ -1,26 +1,29 @@
-"""Speed and memory of weight deltas (swarm/fabric/weights/delta.py) against the code before they
-were parallelised: git REFERENCE's module, loaded into this process, on the same inputs.
+"""Speed and size of weight versions at Qwen3-0.6B shape (swarm/fabric/weights/delta.py, format 4)
+against format 3 (git REFERENCE's codec, loaded into this process, run on the same inputs).
 
-Inputs: a synthetic bf16 state of about 50M elements shaped like a small Qwen3 (a 16384 x 1024
-embedding, three layers of attention and MLP matrices, RMSNorm weights near 1), the bf16 cast of
-float32 masters drawn N(0, 0.02). The next version adds +-u to every master and casts again:
-u = 5e-7 moves about 2% of the bf16 elements by one ulp (what lr 1e-6 does, benchmarks/results/
-delta_scale.md), u = 7e-6 about 20% (lr 1e-5).
+Inputs: a synthetic bf16 state with Qwen3-0.6B's parameter shapes (28 layers, hidden 1,024, MLP
+3,072, 16 query / 8 key-value heads of 128, vocabulary 151,936, tied embeddings: 596M parameters),
+built directly as tensors (no model): the bf16 cast of float32 masters drawn N(0, 0.02) (RMSNorm
+weights near 1). The next version adds +-u to every master and casts again: u = 1e-6 changes about
+4% of the bf16 elements, what one AdamW step at lr 1e-6 does (issue 44).
 
-Figures, per change rate: encode and apply seconds (best of REPEATS, old and new timed
-alternately so that the machine's drift hits both), the new code also with one thread; the peak
-memory each allocates beyond its result (tracemalloc: numpy's buffers and Python's objects; the
-payload for encode, the new state for apply) per changed element; and whether the new encoder's
-payload is byte-identical to the old one's (it must be: the wire format is unchanged).
+"Before" is what was published before tied parameters went once: format 3 with the embedding a
+second time as lm_head.weight (751.6M elements); "after" is format 4 with the 596M unique ones.
+Figures: encode (a delta, the hashes of both states included), the state hash alone, apply with
+its checks (the base's hash and the result's), each in wall seconds and in CPU seconds of this
+process (time.process_time: all threads; less disturbed than wall time on a shared machine);
+format 4 also with the base's hash known to the caller (a VersionStore holds it); payload bytes;
+a snapshot's encode time and bytes. GEPO_DELTA_SPEED_SHAPE=small runs the same on a 3-layer state
+with a 16,384-row vocabulary (the smoke test's size).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
-import tracemalloc
 import types
 from pathlib import Path
 
@@ -28,184 +31,194 @@ import torch
 
 from benchmarks.common import markdown_table, write_result
 
-REFERENCE = "c050e8d97aa5f55000fb5f4fca037e2f98e2c572"  # weight_delta.py before this work (format 3, single-threaded)
-RATES = {"2%": 5e-7, "20%": 7e-6}  # label -> update added to the float32 masters
-REPEATS = int(os.environ.get("GEPO_DELTA_SPEED_REPEATS", 3))
-SCALES = {"Qwen3-0.6B": 0.6e9, "7B": 7.6e9}
+REFERENCE = "f97113a09f79fce3ff7f6f5d62738dce039867c2"  # format 3's codec (the last commit before format 4)
+REFERENCE_MODULES = ("packed_stream", "varints", "value_classes", "delta")
+UPDATE = 1e-6  # added to the float32 masters: ~4% of bf16 elements change
+REPEATS = int(os.environ.get("GEPO_DELTA_SPEED_REPEATS", 2))
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+GOAL_S = 2.0  # issue 44: encode + hash, and apply with its checks, each at most this (on a quiet machine)
 
 
-def shapes() -> dict[str, tuple[int, ...]]:
-    d = 1024
-    out = {"embed": (16384, d)}
-    for layer in range(3):
-        for name, shape in [("q", (d, d)), ("k", (256, d)), ("v", (256, d)), ("o", (d, d)), ("gate", (2816, d)),
-                            ("up", (2816, d)), ("down", (d, 2816)), ("norm1", (d,)), ("norm2", (d,))]:
-            out[f"l{layer}.{name}"] = shape
+def shapes(which: str = "qwen3-0.6b") -> dict[str, tuple[int, ...]]:
+    """Qwen3-0.6B's parameters (config.json: hidden 1024, intermediate 3072, 28 layers, head_dim 128,
+    16 / 8 heads, vocabulary 151,936), the tied lm_head left out; `small`: 3 layers, 16,384 rows."""
+    d, inter, hd = 1024, 3072, 128
+    layers, vocab = (28, 151_936) if which == "qwen3-0.6b" else (3, 16_384)
+    out = {EMBED: (vocab, d), "model.norm.weight": (d,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in [("self_attn.q_proj.weight", (16 * hd, d)), ("self_attn.k_proj.weight", (8 * hd, d)),
+                            ("self_attn.v_proj.weight", (8 * hd, d)), ("self_attn.o_proj.weight", (d, 16 * hd)),
+                            ("self_attn.q_norm.weight", (hd,)), ("self_attn.k_norm.weight", (hd,)),
+                            ("mlp.gate_proj.weight", (inter, d)), ("mlp.up_proj.weight", (inter, d)),
+                            ("mlp.down_proj.weight", (d, inter)), ("input_layernorm.weight", (d,)),
+                            ("post_attention_layernorm.weight", (d,))]:
+            out[p + name] = shape
     return out
 
 
-def synthetic_states(update: float, seed: int = 0) -> tuple[dict, dict]:
+def synthetic_states(which: str, update: float = UPDATE, seed: int = 0) -> tuple[dict, dict]:
+    """(base, new) bf16 states, tensor by tensor (one float32 master alive at a time)."""
     gen = torch.Generator().manual_seed(seed)
     base, new = {}, {}
-    for name, shape in shapes().items():
-        norm = name.endswith(("norm1", "norm2"))
-        master = (torch.ones(shape) + torch.randn(shape, generator=gen) * 1e-3) if norm else torch.randn(shape, generator=gen) * 0.02
+    for name, shape in shapes(which).items():
+        norm = len(shape) == 1
+        master = (torch.ones(shape) + torch.randn(shape, generator=gen) * 1e-3) if norm else torch.randn(shape, generator=gen).mul_(0.02)
         base[name] = master.to(torch.bfloat16)
         master.add_(torch.randn(shape, generator=gen).sign_().mul_(update))
         new[name] = master.to(torch.bfloat16)
+        del master
     return base, new
 
 
-def reference_module() -> types.ModuleType | None:
-    """weight_delta.py as of REFERENCE (None without git history)."""
+def with_tied_copy(state: dict) -> dict:
+    """The state as published before: the embedding a second time, as the output layer."""
+    return {**state, HEAD: state[EMBED]}
+
+
+def reference_codec() -> types.ModuleType | None:
+    """Format 3's delta.py (and the modules beside it) as of REFERENCE, loaded under another name;
+    None without git history."""
     root = Path(__file__).resolve().parents[1]
-    try:
-        source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weight_delta.py"], cwd=root, check=True,
-                                capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    module = types.ModuleType("weight_delta_reference")
-    sys.modules[module.__name__] = module  # (dataclasses and the like look modules up by name)
-    exec(compile(source, f"{REFERENCE[:8]}:weight_delta.py", "exec"), module.__dict__)
+    package = types.ModuleType("weights_format3")
+    package.__path__ = []
+    sys.modules[package.__name__] = package
+    module = None
+    for name in REFERENCE_MODULES:
+        try:
+            source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weights/{name}.py"], cwd=root, check=True,
+                                    capture_output=True, text=True).stdout
+        except (OSError, subprocess.CalledProcessError):
+            return None
+        module = types.ModuleType(f"{package.__name__}.{name}")
+        sys.modules[module.__name__] = module  # (dataclasses and the like look modules up by name)
+        source = source.replace("swarm.fabric.weights.", f"{package.__name__}.")
+        exec(compile(source, f"{REFERENCE[:8]}:{name}.py", "exec"), module.__dict__)
     return module
 
 
-def changed_elements(base: dict, new: dict) -> int:
-    return sum(int((base[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in base)
+def timed(fn) -> tuple[object, float, float]:
+    """fn's result, wall seconds and CPU seconds (this process, all threads)."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def peak_bytes(fn) -> tuple[object, int]:
-    """fn's result and the most memory it held at once beyond what was held before it."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        out = fn()
-        return out, tracemalloc.get_traced_memory()[1] - before
-    finally:
-        tracemalloc.stop()
-
-
-def best_times(variants: dict, repeats: int) -> dict[str, float]:
-    """Best seconds of each variant, run in turn `repeats` times."""
-    best = {name: float("inf") for name in variants}
+def best(fn, repeats: int) -> dict:
+    """Best wall and best CPU seconds of `repeats` runs (the result of none is kept)."""
+    walls, cpus = [], []
     for _ in range(repeats):
-        for name, fn in variants.items():
-            started = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - started)
-    return best
+        out, wall, cpu = timed(fn)
+        del out
+        walls.append(wall)
+        cpus.append(cpu)
+    return {"wall_s": min(walls), "cpu_s": min(cpus)}
 
 
-def with_threads(module, threads: int, fn):
-    def run():
-        saved = module.THREADS
-        module.THREADS = threads
-        try:
-            return fn()
-        finally:
-            module.THREADS = saved
-    return run
-
-
-def measure(label: str, update: float, old) -> dict:
-    from swarm.fabric.weights import delta as wd
-
-    base, new = synthetic_states(update)
+def measure_format(label: str, codec, base: dict, new: dict, repeats: int, *, known_hash: bool, snapshot: bool) -> dict:
+    """Delta encode, hash, apply (and a snapshot's encode where `snapshot`: format 3's would hold
+    1.5 GB twice at once, msgpack.packb's buffer and its copy, past this benchmark's memory bound)."""
     elements = sum(t.numel() for t in new.values())
-    changed = changed_elements(base, new)
-    state_bytes = sum(t.numel() * t.element_size() for t in new.values())
-    payload = wd.encode_delta(base, new, base_version=0, version=1)
-    _, state = wd.apply_payload(payload, base)
-    assert all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new)
-    row = {"label": label, "update": update, "elements": elements, "changed": changed, "changed_fraction": changed / elements,
-           "payload_bytes": len(payload), "threads": wd.THREADS}
-
-    encode = {"new": lambda: wd.encode_delta(base, new, base_version=0, version=1),
-              "new, 1 thread": with_threads(wd, 1, lambda: wd.encode_delta(base, new, base_version=0, version=1))}
-    apply = {"new": lambda: wd.apply_payload(payload, base), "new, 1 thread": with_threads(wd, 1, lambda: wd.apply_payload(payload, base))}
-    if old is not None:
-        old_payload = old.encode_delta(base, new, base_version=0, version=1)
-        row["identical_payload"] = old_payload == payload
-        assert row["identical_payload"], "the new encoder's payload differs from the reference's"
-        encode["old"] = lambda: old.encode_delta(base, new, base_version=0, version=1)
-        apply["old"] = lambda: old.apply_payload(payload, base)
-    row["encode_s"] = best_times(encode, REPEATS)
-    row["apply_s"] = best_times(apply, REPEATS)
-
-    memory = {"new": (encode["new"], apply["new"])}
-    if old is not None:
-        memory["old"] = (encode["old"], apply["old"])
-    row["encode_peak_bytes"], row["apply_peak_bytes"] = {}, {}
-    for name, (enc, app) in memory.items():
-        out, row["encode_peak_bytes"][name] = peak_bytes(enc)
-        del out
-        out, row["apply_peak_bytes"][name] = peak_bytes(app)
-        del out
-    # beyond the result (the payload; the new state), per changed element
-    row["encode_bytes_per_changed"] = {k: (v - len(payload)) / changed for k, v in row["encode_peak_bytes"].items()}
-    row["apply_bytes_per_changed"] = {k: (v - state_bytes) / changed for k, v in row["apply_peak_bytes"].items()}
-    speed = lambda s: {k: s["old"] / v for k, v in s.items() if k != "old"} if "old" in s else {}  # noqa: E731
-    row["encode_speedup"], row["apply_speedup"] = speed(row["encode_s"]), speed(row["apply_s"])
-    print(f"  {label}: {changed / elements:.1%} changed; encode " + ", ".join(f"{k} {v:.2f} s" for k, v in row["encode_s"].items())
-          + "; apply " + ", ".join(f"{k} {v:.2f} s" for k, v in row["apply_s"].items()), flush=True)
+    payload = codec.encode_delta(base, new, base_version=0, version=1)
+    _, state = codec.apply_payload(payload, base)
+    assert all(torch.equal(state[k].view(torch.int16), new[k].view(torch.int16)) for k in new), f"{label}: not bit for bit"
+    del state
+    row = {"label": label, "elements": elements, "payload_bytes": len(payload),
+           "encode": best(lambda: codec.encode_delta(base, new, base_version=0, version=1), repeats),
+           "hash": best(lambda: codec.state_hash(new), repeats),
+           "apply": best(lambda: codec.apply_payload(payload, base), repeats)}
+    if known_hash:
+        digest = codec.state_hash(base)
+        row["encode_known_base"] = best(lambda: codec.encode_delta(base, new, base_version=0, version=1, base_hash=digest), repeats)
+        row["apply_known_base"] = best(lambda: codec.apply_payload(payload, base, base_hash=digest), repeats)
+    payload = b""  # (freed before the snapshot is made)
+    weights = sum(t.numel() * t.element_size() for t in new.values())
+    if snapshot:
+        payload, wall, cpu = timed(lambda: codec.encode_snapshot(new, 1))
+        row["snapshot"] = {"bytes": len(payload), "wall_s": wall, "cpu_s": cpu, "header_bytes": len(payload) - weights}
+        payload = b""
+    else:
+        row["snapshot"] = {"bytes": weights, "header_bytes": None}  # the weights' bytes; the header not measured
+    print(f"  {label}: {elements / 1e6:.1f}M elements, delta {row['payload_bytes'] / 1e6:.2f} MB; encode "
+          f"{row['encode']['wall_s']:.2f} s ({row['encode']['cpu_s']:.2f} s CPU), hash {row['hash']['wall_s']:.2f} s, "
+          f"apply {row['apply']['wall_s']:.2f} s ({row['apply']['cpu_s']:.2f} s CPU)", flush=True)
     return row
 
 
 def run() -> dict:
+    from swarm.fabric.weights import delta as current
+
+    which = os.environ.get("GEPO_DELTA_SPEED_SHAPE", "qwen3-0.6b")
     started = time.perf_counter()
-    old = reference_module()
+    load_before = os.getloadavg()
+    base, new = synthetic_states(which)
+    changed = sum(int((base[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in new)
+    unique = sum(t.numel() for t in new.values())
+    rows = []
+    old = reference_codec()
     if old is None:
-        print(f"  (no git history: the reference {REFERENCE[:8]} is not measured)", flush=True)
-    rows = [measure(label, update, old) for label, update in RATES.items()]
-    figures = {"reference": REFERENCE, "repeats": REPEATS, "rows": rows, "seconds": time.perf_counter() - started}
-    write_result("delta_speed", figures, markdown(figures))
+        print(f"  (no git history: format 3 as of {REFERENCE[:8]} is not measured)", flush=True)
+    else:
+        rows.append(measure_format("format 3, tied copy published", old, with_tied_copy(base), with_tied_copy(new), REPEATS,
+                                   known_hash=False, snapshot=False))
+    rows.append(measure_format("format 4, tied parameter once", current, base, new, REPEATS, known_hash=True, snapshot=True))
+    figures = {"shape": which, "reference": REFERENCE, "repeats": REPEATS, "threads": current.THREADS,
+               "cpu_count": os.cpu_count(), "unique_elements": unique, "changed": changed, "changed_fraction": changed / unique,
+               "update": UPDATE, "rows": rows, "load_average_before": load_before, "load_average_after": os.getloadavg(),
+               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "seconds": time.perf_counter() - started}
+    write_result("delta_speed" if which == "qwen3-0.6b" else f"delta_speed_{which}", figures, markdown(figures))
     return figures
 
 
 def markdown(f: dict) -> str:
     rows = f["rows"]
     mb = 1e6
-    compared = all("old" in r["encode_s"] for r in rows)
 
-    def pair(r, key, name):
-        return f"{r[key][name]:.2f} s" if name in r[key] else "-"
+    def secs(r, key):
+        if key not in r:
+            return "-"
+        return f"{r[key]['wall_s']:.2f} s ({r[key]['cpu_s']:.2f} s CPU)"
 
+    def snapshot(r):
+        if r["snapshot"]["header_bytes"] is None:
+            return f"{r['snapshot']['bytes'] / mb:.1f} MB + header", "not built"
+        return f"{r['snapshot']['bytes'] / mb:.1f} MB", secs(r, "snapshot") if "cpu_s" in r["snapshot"] else "-"
+
+    busy = max(f["load_average_before"][0], f["load_average_after"][0]) > 0.5 * f["cpu_count"]
     lines = [
-        "# Weight-delta encode and apply: speed and memory\n",
-        f"`python -m benchmarks delta_speed` (`benchmarks/delta_speed.py`). A synthetic bf16 state of "
-        f"{rows[0]['elements'] / 1e6:.1f}M elements (a 16384 x 1024 embedding and three layers of Qwen3-shaped matrices, "
-        "N(0, 0.02), norms near 1); the next version moves every float32 master by +-u and casts again. "
-        f"Old: `swarm/fabric/weight_delta.py` as of {f['reference'][:8]} (single-threaded), loaded into the same process; "
-        f"new: the current module with {rows[0]['threads']} threads (THREADS, min(4, cores)) and with one. "
-        f"Best of {f['repeats']}, old and new run alternately. Memory: the peak that tracemalloc sees (numpy's buffers, "
-        "Python's objects) beyond what was held before, less the call's result (the payload; the new state), per "
-        "changed element.\n",
+        "# Weight versions at Qwen3-0.6B shape: encode, hash, apply, bytes\n" if f["shape"] == "qwen3-0.6b"
+        else f"# Weight versions, {f['shape']} shape\n",
+        f"`python -m benchmarks delta_speed` (`benchmarks/delta_speed.py`). A synthetic bf16 state with the parameter "
+        f"shapes of {'Qwen3-0.6B' if f['shape'] == 'qwen3-0.6b' else 'a 3-layer Qwen3'} ({f['unique_elements'] / 1e6:.1f}M "
+        f"unique elements, tied embeddings), float32 masters N(0, 0.02) cast to bf16; the next version moves every master "
+        f"by +-{f['update']:g}: {f['changed_fraction']:.1%} of the elements change ({f['changed'] / 1e6:.2f}M). "
+        f"Format 3: the codec as of {f['reference'][:8]}, loaded into the same process, on the state as it was published "
+        "(the tied embedding a second time as lm_head.weight); format 4: this codec on each parameter once. "
+        f"{f['threads']} threads, {f['cpu_count']} cores; best of {f['repeats']} (wall and CPU each), format 3 first. "
+        f"Encode includes hashing both states; apply includes the base's hash check and the result's.\n",
+        f"Machine load (1-minute average) {f['load_average_before'][0]:.1f} before, {f['load_average_after'][0]:.1f} after"
+        + (": **busy** (other jobs share these cores), so wall times are inflated; CPU seconds are the steadier figure, "
+           "and the goals are for a quiet machine.\n" if busy else ".\n"),
         markdown_table(
-            ["changed", "payload", "encode old", "encode new", "speed-up", "encode new, 1 thread",
-             "apply old", "apply new", "speed-up", "apply new, 1 thread", "identical payload"],
-            [[f"{r['changed_fraction']:.1%} ({r['changed'] / mb:.2f}M)", f"{r['payload_bytes'] / mb:.2f} MB",
-              pair(r, "encode_s", "old"), pair(r, "encode_s", "new"),
-              f"{r['encode_speedup']['new']:.2f}x" if r["encode_speedup"] else "-", pair(r, "encode_s", "new, 1 thread"),
-              pair(r, "apply_s", "old"), pair(r, "apply_s", "new"),
-              f"{r['apply_speedup']['new']:.2f}x" if r["apply_speedup"] else "-", pair(r, "apply_s", "new, 1 thread"),
-              {True: "yes", False: "NO"}.get(r.get("identical_payload"), "not compared")] for r in rows]),
-        "\nPeak memory beyond the result, bytes per changed element (and the whole peak):\n",
-        markdown_table(
-            ["changed", "encode old", "encode new", "apply old", "apply new"],
-            [[f"{r['changed_fraction']:.1%}"] + [
-                f"{r[per][name]:.0f} ({r[peak][name] / mb:.0f} MB)" if name in r[per] else "-"
-                for per, peak, name in (("encode_bytes_per_changed", "encode_peak_bytes", "old"),
-                                        ("encode_bytes_per_changed", "encode_peak_bytes", "new"),
-                                        ("apply_bytes_per_changed", "apply_peak_bytes", "old"),
-                                        ("apply_bytes_per_changed", "apply_peak_bytes", "new"))] for r in rows]),
-        "\nExtrapolated linearly per element (the same change rate; one process, this machine's cores):\n",
-        markdown_table(
-            ["model", "changed"] + (["encode old / new", "apply old / new"] if compared else ["encode", "apply"]),
-            [[name, f"{r['changed_fraction']:.0%}"] + [
-                " / ".join(f"{r[key][v] / r['elements'] * params:.0f} s" for v in (("old", "new") if compared else ("new",)))
-                for key in ("encode_s", "apply_s")] for name, params in SCALES.items() for r in rows]),
+            ["", "elements", "delta", "encode (with both hashes)", "hash", "apply + checks", "snapshot", "snapshot encode"],
+            [[r["label"], f"{r['elements'] / mb:.1f}M", f"{r['payload_bytes'] / mb:.2f} MB", secs(r, "encode"), secs(r, "hash"),
+              secs(r, "apply"), *snapshot(r)] for r in rows]),
     ]
-    if not compared:
-        lines.append(f"\n(No git history here: the reference {f['reference'][:8]} was not measured.)\n")
+    new = rows[-1]
+    lines.append(f"\nFormat 4 with the base's hash known to the caller (a VersionStore holds it): encode "
+                 f"{secs(new, 'encode_known_base')}, apply {secs(new, 'apply_known_base')}. A snapshot is "
+                 f"{new['snapshot']['bytes'] - new['snapshot']['header_bytes']:,} bytes of weights (2 bytes x "
+                 f"{f['unique_elements']:,} parameters) plus a {new['snapshot']['header_bytes']:,}-byte header.\n")
+    if len(rows) == 2:
+        old = rows[0]
+        ratio = lambda key, kind: old[key][kind] / new[key][kind]  # noqa: E731
+        lines.append(markdown_table(
+            ["format 3 / format 4", "wall", "CPU"],
+            [[what, f"{ratio(key, 'wall_s'):.2f}x", f"{ratio(key, 'cpu_s'):.2f}x"]
+             for what, key in (("encode", "encode"), ("hash", "hash"), ("apply + checks", "apply"))]
+            + [["delta bytes", f"{old['payload_bytes'] / new['payload_bytes']:.2f}x", ""],
+               ["snapshot bytes (weights)", f"{old['snapshot']['bytes'] / (new['snapshot']['bytes'] - new['snapshot']['header_bytes']):.2f}x", ""]]))
+    lines.append(f"\nGoal (issue 44, a quiet machine): encode + hash at most {GOAL_S:.1f} s, apply with its checks at most "
+                 f"{GOAL_S:.1f} s. Peak resident memory of the run: {f['peak_rss_bytes'] / 1e9:.1f} GB.\n")
     return "\n".join(lines)

@@ -45,6 +45,7 @@ from swarm.progress import LineProgress
 from swarm.reporting import Reporter
 from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
 from swarm.tasks import load_problems
+from swarm.tied_weights import unique_state
 from swarm.team import LearnerTeam, float32_hash
 from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
 from swarm.verification import LogprobVerifier
@@ -391,8 +392,7 @@ class Learner(Peer):
         """Makes the current weights the next published version (in the dtype samplers run) and has
         it announced."""
         core = self.core
-        state = {k: (v.detach().to(self.publish_dtype) if v.is_floating_point() else v.detach())
-                 for k, v in self.model.state_dict().items()}
+        state = unique_state(self.model, self.publish_dtype)  # a tied parameter once (swarm/tied_weights.py)
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
@@ -432,7 +432,7 @@ class Learner(Peer):
         the published version's own hash when it is published in float32."""
         if self.dtype == "float32":
             return self.store.hashes[self.core.version]
-        return state_hash({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        return state_hash(unique_state(self.model))
 
     def checkpoint(self) -> None:
         """Saves weights and optimizer state; a failed write (a full disk) is reported, not fatal."""

@@ -41,6 +41,7 @@ The ground floor, importing nothing of the project (so that any module may impor
 
 - paths.py           - where the project keeps files on the user's machine (the cache directory).
 - hub.py             - the Hugging Face hub: offline? answering? a snapshot in its cache?
+- tied_weights.py    - tied parameters published once (`unique_state`) and re-tied on load.
 """
 
 __version__ = "0.1.0"

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from swarm.fabric.weights.delta import state_hash
+from swarm.fabric.weights.delta import legacy_state_hash, state_hash
 from swarm.model.loading import load_policy
 from swarm.progress import Progress, ProgressTask
+from swarm.tied_weights import unique_state
 
 logger = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0  # checkpoints quicker than this show no progress (the embedded policy's take ~0.1 s)
@@ -121,6 +122,12 @@ def load_optimizer_state(checkpoint: Checkpoint, optimizer) -> None:
     optimizer.load_state_dict(torch.load(checkpoint.path / OPTIMIZER_FILE, map_location="cpu", weights_only=True))
 
 
+def _legacy_match(model, digest: str) -> bool:
+    """Whether `digest` is the hash a checkpoint written before weight format 4 recorded: sha256 over
+    every name of state_dict(), tied aliases included (such checkpoints still resume)."""
+    return legacy_state_hash({k: v.detach() for k, v in model.state_dict().items()}) == digest
+
+
 def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
     """(checkpoint, learner, tokenizer) from the newest checkpoint that loads and whose weights hash
     to what its state.json says; a damaged newer one is skipped with a `warn`ing.
@@ -130,8 +137,8 @@ def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
     for checkpoint in reversed(found):
         try:
             model, tokenizer = load_policy(str(checkpoint.path))
-            digest = state_hash({k: v.detach() for k, v in model.state_dict().items()})
-            if digest != checkpoint.hash:
+            digest = state_hash(unique_state(model))  # as the learner hashed it: a tied parameter once
+            if digest != checkpoint.hash and not _legacy_match(model, checkpoint.hash):
                 raise ValueError(f"its weights hash to {digest[:12]}..., not {checkpoint.hash[:12]}... as state.json says")
             learner = build_learner(model, tokenizer)
             load_optimizer_state(checkpoint, learner.optimizer)

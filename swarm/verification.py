@@ -35,6 +35,7 @@ import torch
 from swarm.config import LearnerConfig, default_of
 from swarm.logprobs import MIN_LOGPROB, completion_logprobs
 from swarm.rollouts import RolloutGroup, collate
+from swarm.tied_weights import load_unique_state
 
 
 def completion_gaps(claimed: torch.Tensor, recomputed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,7 @@ class LogprobVerifier:
             with self.lock:
                 state = self.states.get(group.version)
                 if state is not None and self.loaded != group.version:
-                    self.model.load_state_dict(state, strict=True)
+                    load_unique_state(self.model, state)  # published states hold a tied parameter once
                     self.loaded = group.version
             if state is None:
                 return "version not held"

@@ -25,6 +25,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from swarm.generation.base import Generation, SamplingParams
 from swarm.logprobs import process_logits
 from swarm.model.loading import load_policy
+from swarm.tied_weights import load_unique_state
 
 BATCH_TOKENS = 65536  # rows x (prompt + new tokens) per generate call: the KV cache's bound
 # generate's own warpers, all off: SampledLogprobs processes the logits itself, last of all (generate
@@ -94,8 +95,9 @@ class TransformersBackend:
     partial_updates = False  # every tensor, every time (strict)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], previous: Mapping[str, torch.Tensor] | None = None) -> None:
-        """Copy a whole version into the model (cast to its dtype, on its device)."""
-        self.model.load_state_dict(state_dict, strict=True)
+        """Copy a whole version into the model (cast to its dtype, on its device); a tied parameter,
+        published once, reaches its aliases through the tie."""
+        load_unique_state(self.model, state_dict)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:

@@ -146,7 +146,8 @@ def expected_change(old: Mapping[str, "object"], new: Mapping[str, "object"], *,
 def weight_chunks(state_dict: Mapping[str, "object"], *, tied: bool,
                   limit: int = PAYLOAD_BYTES) -> Iterator[dict]:
     """{name: contiguous CPU tensor} dicts of at most about `limit` bytes each (a tensor larger than
-    `limit` goes alone). A tied `lm_head.weight` is left out: vLLM's models skip it."""
+    `limit` goes alone). A tied `lm_head.weight` is left out: vLLM's models skip it (and published
+    versions do not carry it: swarm/tied_weights.py; the engine ties it to the embedding itself)."""
     part, size = {}, 0
     for name, tensor in state_dict.items():
         if tied and name == "lm_head.weight":

@@ -11,9 +11,10 @@ import torch
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_verified, save_checkpoint
 from swarm.config import LossConfig
 from swarm.fabric.weights.versions import VersionStore
-from swarm.fabric.weights.delta import CorruptVersion, encode_snapshot, non_finite_tensors, state_hash
+from swarm.fabric.weights.delta import CorruptVersion, encode_snapshot, legacy_state_hash, non_finite_tensors, state_hash
 from swarm.model.loading import load_policy
 from swarm.rollouts import RolloutGroup
+from swarm.tied_weights import unique_state
 from swarm.training import LearnerCore, NonFiniteStep
 
 
@@ -73,7 +74,7 @@ def test_resume_verifies_the_checkpoint_and_falls_back_past_a_damaged_one(tmp_pa
     for version in (2, 4):
         with torch.no_grad():
             next(model.parameters()).add_(0.01)
-        digest = state_hash({k: v.detach() for k, v in model.state_dict().items()})
+        digest = state_hash(unique_state(model))  # as Learner.master_hash: the tied embedding once
         save_checkpoint(tmp_path, model, tokenizer, core.optimizer, version=version, digest=digest, config={})
     newest = latest_checkpoint(tmp_path)
     weights = newest.path / "model.safetensors"
@@ -83,7 +84,13 @@ def test_resume_verifies_the_checkpoint_and_falls_back_past_a_damaged_one(tmp_pa
     warnings = []
     checkpoint, learner, _ = load_verified(tmp_path, lambda m, t: LearnerCore(m, t.pad_token_id), warn=warnings.append)
     assert checkpoint.version == 2 and len(warnings) == 1 and "version-000004" in warnings[0] and "hash" in warnings[0]
-    assert state_hash({k: v.detach() for k, v in learner.model.state_dict().items()}) == checkpoint.hash
+    assert state_hash(unique_state(learner.model)) == checkpoint.hash
+    # a checkpoint written before weight format 4 (sha256 over every name, the tied one twice) still resumes
+    legacy = json.loads((checkpoint.path / "state.json").read_text())
+    legacy["hash"] = legacy_state_hash({k: v.detach() for k, v in learner.model.state_dict().items()})
+    (checkpoint.path / "state.json").write_text(json.dumps(legacy))
+    assert load_verified(tmp_path, lambda m, t: LearnerCore(m, t.pad_token_id), warn=warnings.append)[0].version == 2
+    assert len(warnings) == 2  # the damaged newest one again, nothing else
     (list_checkpoints(tmp_path)[0].path / "optimizer.pt").write_bytes(b"garbage")
     with pytest.raises(FileNotFoundError, match="all damaged"):
         load_verified(tmp_path, lambda m, t: LearnerCore(m, t.pad_token_id), warn=warnings.append)

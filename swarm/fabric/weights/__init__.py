@@ -2,7 +2,8 @@
 
 - delta.py            - versions as bit-exact snapshots and deltas; varints.py, the varint and zigzag
                         coding its streams use; value_classes.py, the classes its changes are counted
-                        in; packed_stream.py, its msgpack body streamed through zlib.
+                        in; packed_stream.py, its streams fed to zlib in pieces; wire_layout.py, a
+                        payload's outer layout (codec byte, format check, compressed segments).
 - versions.py         - the store of versions a peer holds and the client logic that rebuilds fetched ones.
 - announcements.py    - `VersionAnnouncement` (and the run's sampling settings it carries), and which
                         announcements to trust.

@@ -21,28 +21,35 @@ how many steps each element moved, coded for that:
   tensor by tensor (in name order, each cut into CHUNK-element pieces), counting within the
   class's members (in index order). What goes on the wire is the gaps between consecutive changed
   members of a class, minus one, as varints, then the steps in the same order.
-zlib then codes the streams to within ~12% of their entropy given the class (benchmarks/
+zlib then codes each stream to within ~12% of its entropy given the class (benchmarks/
 delta_scale.md, a 49M-parameter Qwen3 at lr 1e-6: about 7 bits per changed element, against 10
 with the gaps in index order and 26 for format 2). Every version is named by a hash of its exact
-contents (`state_hash`); `apply_payload` checks the base it is applied to and the result, so a
-corrupt or misapplied delta is never used.
+contents (`state_hash`, BLAKE3); `apply_payload` checks the base it is applied to and the result,
+so a corrupt or misapplied delta is never used.
 
-Layout of a payload: one codec byte, b"Z" (zlib-compressed, for deltas) or b"R" (raw, for
-snapshots: weights are high-entropy, zlib saves ~20% of a bf16 snapshot at ~40x the time of
-sending it on a fast link), then a msgpack map:
+Layout of a payload: one codec byte, b"C" (a delta: its large byte strings compressed one by one)
+or b"R" (a snapshot, raw: weights are high-entropy, zlib saves ~20% of a bf16 snapshot at ~40x the
+time of sending it on a fast link), then a msgpack map:
   v int (format), kind "delta" | "snapshot", version int, base int | None, base_hash str | None,
   hash str, tensors: [ {n name, d dtype, s shape, k "same" | "sparse" | "dense", b bits (dense
   only, little-endian)} ], and for deltas with sparse tensors: classes [[class, count], ...]
   (ascending classes, the number of changed elements of each), gaps bytes, steps bytes.
-Format 3 (this one) replaced format 2's sparse entries (uint32 gaps and the new bits, per
-tensor); receivers refuse payloads of any other format.
+In a delta, gaps, steps and each dense b are lists of segments, [raw size, zlib stream] pairs of at
+most SEGMENT bytes each: compressed and decompressed each on its own thread, and bounded (the sizes
+are checked before anything inflates; wire_layout.py).
+Format 4 (this one) replaced format 3's zlib over the whole msgpack body (b"Z": one stream, on one
+core) and its sha256 hash (BLAKE3 is two to three times faster); receivers refuse payloads of any
+other format, saying which peer is behind.
 
 Speed (the wire format does not depend on any of this): both ends work on a piece's classes BLOCK
 elements at a time (a stable sort of 64K one-byte keys runs in cache, two to three times faster per
 element than one of a whole piece) and GROUP elements at a time (bounding each thread's working
 memory), spread the pieces over THREADS threads (numpy's sorts, gathers and comparisons, hashlib and
-zlib release the GIL), keep the streams as varint bytes rather than as 8-byte integers, and stream
-the msgpack body through zlib (packed_stream.py) instead of building it whole.
+zlib release the GIL), keep the streams as varint bytes rather than as 8-byte integers, and
+compress each stream from the pieces it was made in (packed_stream.py) instead of joining them.
+Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed): about 10 ns of CPU
+an element each way, a third of it the stable sort of each block's classes, which both ends need
+(the positions count within classes); the hash (BLAKE3) and zlib are a few percent.
 """
 
 from __future__ import annotations
@@ -50,16 +57,33 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Mapping, NamedTuple
 
+import blake3
 import msgpack
 import numpy as np
 import torch
 
-from swarm.fabric.weights.packed_stream import Bin, deflated, packed
+from swarm.fabric.weights.packed_stream import Bin, packed
+from swarm.fabric.weights.wire_layout import (  # noqa: F401  (FORMAT, the codecs, delta_body, delta_payload: this module's interface too)
+    DELTA_CODEC,
+    FORMAT,
+    FORMAT_3_DELTA_CODEC,
+    MAX_PAYLOAD_BYTES,
+    SEGMENT,
+    SNAPSHOT_CODEC,
+    ZLIB_LEVEL,
+    ZLIB_STRATEGY,
+    CorruptVersion,
+    UnsupportedFormat,
+    compressed_segments,
+    delta_body,
+    delta_payload,
+    inflate_fields,
+    resolved,
+)
 from swarm.fabric.weights.value_classes import (
     CLASS_BITS,
     CLASSES,
@@ -84,11 +108,6 @@ from swarm.fabric.weights.varints import (
     zigzag,
 )
 
-FORMAT = 3
-# No weight payload, received or decompressed, may be larger than this: a hostile holder must not
-# make a peer allocate without bound. 4 GiB covers a float16 snapshot of a 2B-parameter policy;
-# peers pass a tighter bound from their own model's shapes (versions.payload_limit).
-MAX_PAYLOAD_BYTES = 4 * 1024**3
 DTYPES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16, "torch.float16": torch.float16,
           "torch.int64": torch.int64, "torch.int32": torch.int32, "torch.uint8": torch.uint8, "torch.bool": torch.bool}
 FLOATS = {torch.float32, torch.bfloat16, torch.float16}
@@ -97,18 +116,9 @@ _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 # sparse tensors are listed in pieces of at most this many elements (part of the format: a class's
 # members are counted piece by piece)
 CHUNK = 1 << 22
-# zlib's string matching finds runs (classes whose elements nearly all change), its Huffman stage
-# the skewed byte values. Z_FILTERED favours the latter: on these streams it is the smallest of
-# zlib's strategies, and at level 4 within 2% of level 6 in a third of the time.
-ZLIB_STRATEGY = zlib.Z_FILTERED
-ZLIB_LEVEL = 4
 # Speed only (no payload depends on it, nor on value_classes.BLOCK, GROUP). Threads that work on
 # pieces and hashes: numpy's sorts, gathers and comparisons, hashlib and zlib run without the GIL.
 THREADS = min(4, os.cpu_count() or 1)
-
-
-class CorruptVersion(ValueError):
-    """A snapshot or delta that does not decode, or whose result does not match its hash."""
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -120,6 +130,10 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 def _from_bits(bits: np.ndarray, dtype: torch.dtype, shape, *, copy: bool = True) -> torch.Tensor:
     raw = np.ascontiguousarray(bits).view(np.uint8)
+    if raw.size == 0:  # (torch will not view an empty byte tensor as a wider dtype: its stride is 0)
+        if math.prod(shape) != 0:
+            raise ValueError(f"no bits for a tensor of shape {tuple(shape)}")
+        return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(raw.copy() if copy else raw).view(dtype).reshape(shape)
 
 
@@ -167,12 +181,13 @@ def _ranked_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype):
         order = np.argsort(classes.reshape(-1, block), axis=1, kind="stable")
         order += np.arange(0, classes.size, block)[:, None]
         order = order.ravel()  # the run's elements, block by block, class by class, in index order
-        starts = block_starts(classes[order], count, block)
+        # (np.take: a quarter faster than indexing here; take_along_axis is three times slower)
+        starts = block_starts(np.take(classes, order), count, block)
         first_row = start // block
         members[first_row:first_row + classes.size // block] = np.diff(starts).reshape(-1, count)
         changed = np.zeros(classes.size, bool)
         np.not_equal(old[start:end], new[start:end], out=changed[:end - start])
-        at = np.flatnonzero(changed[order])  # the changes' places in that order
+        at = np.flatnonzero(np.take(changed, order))  # the changes' places in that order
         index = order[at]
         cls = classes[index]
         key = (at // block) * count + cls  # block and class, within the run
@@ -385,33 +400,41 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 
 def state_hash(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over names, dtypes, shapes and raw bytes, in name order."""
+    """BLAKE3 (256 bits, hex) over names, dtypes, shapes and raw bytes, in name order."""
     return _state_hash(state, {})
 
 
-def _state_hash(state: Mapping[str, torch.Tensor], pending: Mapping[str, list[Future]]) -> str:
+def legacy_state_hash(state: Mapping[str, torch.Tensor]) -> str:
+    """Format 3's state_hash (sha256 over the same bytes): what checkpoints written before format 4 recorded."""
+    return _state_hash(state, {}, hashlib.sha256())
+
+
+def _state_hash(state: Mapping[str, torch.Tensor], pending: Mapping[str, list[Future]], h=None) -> str:
     """state_hash, waiting for a tensor's `pending` futures (its pieces being written) before reading it."""
-    h = hashlib.sha256()
+    h = blake3.blake3() if h is None else h
     for name in sorted(state):
         for future in pending.get(name, ()):
             future.result()
         t = state[name]
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(_bits(t))  # the array itself, not a copy (hashlib reads it without the GIL)
+        h.update(_bits(t).view(np.uint8))  # the array itself, not a copy (read without the GIL)
     return h.hexdigest()
 
 
 def encode_snapshot(state: Mapping[str, torch.Tensor], version: int) -> bytes:
-    tensors = [{"n": n, "d": str(t.dtype), "s": list(t.shape), "k": "dense", "b": memoryview(_bits(t).view(np.uint8))}
-               for n, t in sorted(state.items())]  # memoryviews: msgpack copies the bits once, into the payload
+    tensors = [{"n": n, "d": str(t.dtype), "s": list(t.shape), "k": "dense", "b": Bin([_bits(t).view(np.uint8)])}
+               for n, t in sorted(state.items())]
     body = {"v": FORMAT, "kind": "snapshot", "version": version, "base": None, "base_hash": None,
             "hash": state_hash(state), "tensors": tensors}
-    return b"R" + msgpack.packb(body, use_bin_type=True)
+    # msgpack.packb's bytes, packed in pieces and joined once: the bits are copied once, into the
+    # payload (packb grows a buffer and copies it out: twice a snapshot's size at its peak)
+    return b"".join([SNAPSHOT_CODEC, *packed(body, msgpack.Packer(use_bin_type=True))])
 
 
 def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *, base_version: int, version: int,
-                 level: int = ZLIB_LEVEL) -> bytes:
-    """A delta turning `base` (published as `base_version`) into `new` (`version`), bit for bit."""
+                 level: int = ZLIB_LEVEL, base_hash: str | None = None) -> bytes:
+    """A delta turning `base` (published as `base_version`) into `new` (`version`), bit for bit.
+    `base_hash`: state_hash(base), when the caller knows it already (saves hashing the base)."""
     if set(base) != set(new):
         raise ValueError(f"tensor names differ between versions: {sorted(set(base) ^ set(new))[:5]}")
     names = sorted(new)
@@ -420,7 +443,8 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
         if a.dtype != b.dtype or a.shape != b.shape:
             raise ValueError(f"{name}: {a.dtype}{tuple(a.shape)} -> {b.dtype}{tuple(b.shape)}; send a snapshot instead")
     with _workers() as pool:
-        hashes = pool.submit(state_hash, base), pool.submit(state_hash, new)
+        hashes = (pool.submit(lambda: base_hash) if base_hash is not None else pool.submit(state_hash, base)), \
+            pool.submit(state_hash, new)
         tensors, work = [], []
         for name in names:  # the pool codes every changed tensor's pieces meanwhile
             old_bits, new_bits = _bits(base[name]), _bits(new[name])
@@ -441,42 +465,26 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
                 for piece in changes:
                     sparse.add(piece, dtype)
             else:
-                entry.update(k="dense", b=Bin([new_bits.view(np.uint8)]))
-        body = {"v": FORMAT, "kind": "delta", "version": version, "base": base_version, "base_hash": hashes[0].result(),
-                "hash": hashes[1].result(), "tensors": tensors, **sparse.streams()}
-    return deflated(b"Z", packed(body, msgpack.Packer(use_bin_type=True)), level, ZLIB_STRATEGY)
+                entry.update(k="dense", b=compressed_segments([new_bits.view(np.uint8)], level, pool))
+        streams = sparse.streams()
+        for key in ("gaps", "steps"):  # compressed side by side
+            if key in streams:
+                streams[key] = compressed_segments(streams[key].chunks, level, pool)
+        body = resolved({"v": FORMAT, "kind": "delta", "version": version, "base": base_version,
+                          "base_hash": hashes[0].result(), "hash": hashes[1].result(), "tensors": tensors, **streams})
+    return DELTA_CODEC + msgpack.packb(body, use_bin_type=True)
 
 
 def payload_header(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
     """kind, version, base, base_hash, hash of a payload (decodes it; raises CorruptVersion)."""
-    body = _load(payload, max_bytes)
+    body = _load(payload, max_bytes, inflate=False)
     return {k: body[k] for k in ("kind", "version", "base", "base_hash", "hash")}
 
 
-def _inflate(data, max_bytes: int) -> bytes:
-    """zlib data decompressed, refusing output beyond `max_bytes` (a few KB of zeros could
-    otherwise inflate to gigabytes)."""
-    inflater = zlib.decompressobj()
-    out = inflater.decompress(data, max_bytes)
-    if inflater.unconsumed_tail:
-        raise CorruptVersion(f"payload decompresses to more than {max_bytes} bytes")
-    if not inflater.eof:
-        raise CorruptVersion("payload's compressed stream is truncated")
-    return out
-
-
-def _load(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
-    try:
-        codec, data = payload[:1], memoryview(payload)[1:]
-        if codec not in (b"Z", b"R"):
-            raise ValueError(f"unknown codec {bytes(codec)!r}")
-        body = msgpack.unpackb(_inflate(data, max_bytes) if codec == b"Z" else data, raw=False)
-    except CorruptVersion:
-        raise
-    except Exception as exc:  # noqa: BLE001  zlib.error, msgpack errors, ...
-        raise CorruptVersion(f"payload does not decode ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(body, dict) or body.get("v") != FORMAT or body.get("kind") not in ("delta", "snapshot"):
-        raise CorruptVersion("payload is not a weight version of a known format")
+def _load(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES, pool=None, *, inflate: bool = True) -> dict:
+    body = delta_body(payload, max_bytes, pool, inflate=inflate)
+    if body.get("kind") not in ("delta", "snapshot"):
+        raise CorruptVersion("payload is not a weight version (kind is neither delta nor snapshot)")
     if not (isinstance(body.get("version"), int) and isinstance(body.get("hash"), str) and isinstance(body.get("tensors"), list)
             and (body["kind"] == "snapshot" or isinstance(body.get("base_hash"), str))):
         raise CorruptVersion("payload's header is malformed (version, hash, base_hash or tensors)")
@@ -486,11 +494,11 @@ def _load(payload: bytes, max_bytes: int = MAX_PAYLOAD_BYTES) -> dict:
 
 
 def apply_payload(payload: bytes, base: Mapping[str, torch.Tensor] | None = None, *,
-                  max_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[int, dict[str, torch.Tensor]]:
+                  max_bytes: int = MAX_PAYLOAD_BYTES, base_hash: str | None = None) -> tuple[int, dict[str, torch.Tensor]]:
     """(version, state) from a snapshot, or from a delta applied to `base`. The result's hash is
     checked against the one the publisher computed: a mismatch raises CorruptVersion. max_bytes
     bounds the decompressed payload and the state it builds."""
-    version, state, _, _ = apply_payload_verified(payload, base, max_bytes=max_bytes)
+    version, state, _, _ = apply_payload_verified(payload, base, max_bytes=max_bytes, base_hash=base_hash)
     return version, state
 
 
@@ -536,22 +544,31 @@ def _entries(body: dict, base: Mapping[str, torch.Tensor] | None):
 
 
 def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | None = None, *,
-                           max_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[int, dict[str, torch.Tensor], str, str]:
-    """(version, state, hash, kind): as apply_payload, also returning the verified hash and the kind."""
-    body = _load(payload, max_bytes)
+                           max_bytes: int = MAX_PAYLOAD_BYTES,
+                           base_hash: str | None = None) -> tuple[int, dict[str, torch.Tensor], str, str]:
+    """(version, state, hash, kind): as apply_payload, also returning the verified hash and the kind.
+    `base_hash`: state_hash(base) when the caller knows it (a version it verified): not hashed again."""
+    body = _load(payload, max_bytes, inflate=False)
     delta = body["kind"] == "delta"
     if delta and base is None:
         raise CorruptVersion(f"version {body['version']} is a delta against {body['base']}, and no base was given")
 
     def check_base() -> None:
-        if delta and base_hash.result() != body["base_hash"]:
+        if delta and held_hash.result() != body["base_hash"]:
             raise CorruptVersion(f"delta to version {body['version']} does not apply to this base (not version {body['base']})")
 
     def malformed(exc: Exception) -> CorruptVersion:
         return CorruptVersion(f"version {body['version']} is malformed: {type(exc).__name__}: {exc}")
 
     with _workers() as pool:
-        base_hash = pool.submit(state_hash, base) if delta else None  # checked before anything else is said
+        # checked before anything else is said
+        held_hash = (pool.submit(lambda: base_hash) if base_hash is not None else pool.submit(state_hash, base)) if delta else None
+        try:
+            if delta:
+                inflate_fields(body, max_bytes, pool)
+        except CorruptVersion:
+            check_base()
+            raise
         try:
             state, sparse = _entries(body, base)
             jobs = _sparse_jobs(body, [(bits, held, dtype) for _, bits, held, dtype in sparse], pool) if delta else []

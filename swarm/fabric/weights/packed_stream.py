@@ -1,6 +1,6 @@
-"""A msgpack body streamed through zlib without being built whole: weight deltas are large, and
-their bins (varint streams, dense tensors' bits) are handed on in the pieces they were made in,
-never joined into one copy (swarm.fabric.weights.delta writes its deltas this way)."""
+"""Byte streams handed to zlib in the pieces they were made in, never joined into one copy (weight
+deltas' varint streams and dense tensors' bits: swarm.fabric.weights.delta compresses each of them
+this way, on its own thread), and a msgpack body packed in pieces around such streams."""
 
 from __future__ import annotations
 

@@ -85,9 +85,7 @@ def test_mismatched_versions_cannot_be_delta_encoded():
 # format 3: positions class by class (the base's exponent), steps in representable values
 
 import random
-import zlib
 
-import msgpack
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -101,8 +99,8 @@ WIDTH = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16, torch.int64: 
 
 
 def body_of(payload: bytes) -> dict:
-    assert payload[:1] == b"Z"
-    return msgpack.unpackb(zlib.decompress(payload[1:]), raw=False)
+    assert payload[:1] == wd.DELTA_CODEC
+    return wd.delta_body(payload)
 
 
 def from_bits(values, dtype) -> torch.Tensor:
@@ -382,7 +380,7 @@ def test_mutated_sparse_streams_rebuild_exactly_or_are_refused(seed, rounds):
     body = body_of(DELTA)
     for _ in range(rounds):
         body = _mutated(rnd, body)
-    payload = b"Z" + zlib.compress(msgpack.packb(body, use_bin_type=True))
+    payload = wd.delta_payload(body)
     try:
         _, state = apply_payload(payload, BASE)
     except CorruptVersion:
@@ -413,9 +411,9 @@ def _reference_varints(values) -> bytes:
 
 
 def _reference_hash(state: dict) -> str:
-    import hashlib
+    import blake3
 
-    h = hashlib.sha256()
+    h = blake3.blake3()
     for name in sorted(state):
         h.update(f"{name}|{state[name].dtype}|{tuple(state[name].shape)}|".encode())
         h.update(wd._bits(state[name]).tobytes())
@@ -466,8 +464,7 @@ def reference_delta(base: dict, new: dict, *, base_version: int, version: int) -
         ids, counts = np.unique([c for c, _, _ in records], return_counts=True)
         body.update(classes=[[int(c), int(k)] for c, k in zip(ids, counts)], gaps=_reference_varints(gaps),
                     steps=_reference_varints([s for _, _, s in records]))
-    packer = zlib.compressobj(wd.ZLIB_LEVEL, zlib.DEFLATED, zlib.MAX_WBITS, 9, wd.ZLIB_STRATEGY)
-    return b"Z" + packer.compress(msgpack.packb(body, use_bin_type=True)) + packer.flush()
+    return wd.delta_payload(body)
 
 
 def _random_states(rng: random.Random, seed: int) -> tuple[dict, dict]:
