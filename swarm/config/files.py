@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from swarm.config.base import Settings, field_names, field_names_of
+from swarm.config.hints import unknown_setting
 from swarm.config.roles import CONFIGS, ROLES
 
 
@@ -47,8 +48,8 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
         raise ValueError(f"config file {path}: [{role}] must be a table of settings")
     unknown = sorted(k for k in (*shared, *section) if k not in field_names(model))
     if unknown:
-        raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
-                         f"known: {', '.join(sorted(model.model_fields))}")
+        raise ValueError(f"config file {path}: unknown setting(s): " + "; ".join(unknown_setting(key, role) for key in unknown)
+                         + f" (`swarm config {role}` prints every {role} setting)")
     return merge(canonical(model, shared), canonical(model, section))  # the role's table wins, field by field
 
 

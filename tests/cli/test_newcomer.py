@@ -43,3 +43,43 @@ def test_datasets_progress_text_stays_off_stderr(tmp_path):
               "--max-completion-length", "2", "--json")
     assert out.returncode == 0, out.stderr
     assert "examples/s" not in out.stderr and "Generating" not in out.stderr, out.stderr
+
+
+def test_an_unreadable_owner_key_is_never_advised_away(tmp_path):
+    garbled = tmp_path / "owner.sign.key"
+    garbled.write_bytes(b"not a key")
+    out = run("authorize", "--owner-key-file", str(garbled), "--learner-key", "x", "--run-id", "r")
+    assert out.returncode == 2, out.stderr
+    text = " ".join(out.stderr.split())
+    assert f"the run owner's key {garbled} is not a DER RSA private key" in text and "restore it from your backup" in text
+    assert "move it away" not in text and "make a new one" not in text
+    assert garbled.read_bytes() == b"not a key"  # left as it was
+
+    if os.geteuid() != 0:  # root reads any file
+        locked = tmp_path / "locked.sign.key"
+        locked.write_bytes(b"x")
+        locked.chmod(0)
+        out = run("authorize", "--owner-key-file", str(locked), "--learner-key", "x", "--run-id", "r")
+        assert out.returncode == 2 and "cannot be read by this user: check its permissions" in " ".join(out.stderr.split())
+
+
+def test_an_option_of_another_role_names_that_role():
+    out = run("learner", "--num-generations", "4")
+    assert out.returncode == 2
+    assert "--num-generations is a sampler option: pass it to `swarm sampler`" in " ".join(out.stderr.split())
+    assert "--max-new-tokens" not in out.stderr  # click's guess, which misled
+    out = run("sampler", "--temperature", "0.5")
+    assert out.returncode == 2
+    assert ("--temperature is a setting of the whole run, which the learner announces with every version and samplers "
+            "follow: pass it to `swarm learner`") in " ".join(out.stderr.split())
+
+
+def test_an_unknown_config_key_gets_a_did_you_mean_not_every_name(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[learner]\nlerning_rate = 1e-5\nnum_generations = 4\n')
+    out = run("learner", "--config", str(config), "--peers", "/ip4/127.0.0.1/tcp/1/p2p/QmX")
+    assert out.returncode == 2
+    text = " ".join(out.stderr.split())
+    assert "'lerning_rate' is not a learner setting (did you mean learning_rate?)" in text
+    assert "num_generations is a sampler setting: put it in the [sampler] table" in text
+    assert "adam_beta1" not in text  # no list of every name
