@@ -20,12 +20,11 @@ import click
 from pydantic import BaseModel
 
 from swarm.config import resolve
+from swarm.config.base import GROUP_ORDER
 
 # option names kept short or singular where the field name reads badly on a command line
 OPTION_NAMES = {"learner_keys": "--learner-key", "max_age_s": "--max-age", "name": "--loss"}
 SHORT_NAMES = {"eval_samples": "-k"}  # pass@k's k, as `swarm eval -k 4` has always read
-GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "training", "generation", "device", "sampler", "vllm", "staleness", "evaluation",
-               "output", "other")
 # Failures a user can fix by changing what they typed: exit 2 with the usage line.
 USAGE_ERRORS = (ValueError, FileNotFoundError, PermissionError)
 

@@ -6,7 +6,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from swarm.config import CONFIGS, resolve
+from swarm.config.learner_keys import encode_learner_key
+
 SWARM = [sys.executable, "-m", "swarm.cli"]
+PEER = "/ip4/127.0.0.1/tcp/31337/p2p/QmPeer"
+KEY = encode_learner_key(b"[owner:not-a-real-key]")
 
 
 def run(*args, timeout=300, env=None):
@@ -83,3 +90,24 @@ def test_an_unknown_config_key_gets_a_did_you_mean_not_every_name(tmp_path):
     assert "'lerning_rate' is not a learner setting (did you mean learning_rate?)" in text
     assert "num_generations is a sampler setting: put it in the [sampler] table" in text
     assert "adam_beta1" not in text  # no list of every name
+
+
+# -- what a TRL user looks for
+
+
+@pytest.mark.parametrize("role", ["learner", "sampler", "bootstrap", "demo", "eval"])
+def test_swarm_config_prints_every_setting_and_reads_back_as_the_defaults(tmp_path, role):
+    out = run("config", role, timeout=60)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / f"{role}.toml"
+    path.write_text(out.stdout)
+    model = CONFIGS[role]
+    for name, field in model.model_fields.items():  # every setting is there, described
+        assert f"\n{name} = " in out.stdout or f"\n# {name} = " in out.stdout or f"[{role}.{name}]" in out.stdout, name
+        if field.description:
+            assert " ".join(field.description.split()[:3]) in " ".join(out.stdout.replace("# ", "").split()), name
+    required = {"learner": {"peers": [PEER]}, "sampler": {"peers": [PEER], "learner_keys": [KEY]}}.get(role, {})
+    assert resolve(role, path, required) == model(**required)
+    if required:  # what the file leaves for the user to fill in is said in the error
+        with pytest.raises(ValueError, match="no --"):
+            resolve(role, path, {})
