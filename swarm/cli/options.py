@@ -12,6 +12,7 @@ which: `get_parameter_source`); the defaults click shows are the models' own.
 
 from __future__ import annotations
 
+import os
 import typing
 from contextlib import contextmanager
 from pathlib import Path
@@ -169,7 +170,7 @@ def validation_message(exc) -> str:
 def config_from_options(role: str, config_file, options: dict):
     """The validated config of `role`; bad values and bad config files are usage errors (exit 2)."""
     with user_errors():
-        return resolve(role, Path(config_file) if config_file else None, given_values(options))
+        return resolve(role, Path(config_file) if config_file else None, given_values(options), environ=os.environ)
 
 
 @contextmanager

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel
 
 from swarm.config.base import Settings, field_names, field_names_of
+from swarm.config.environment import environment_values
 from swarm.config.hints import unknown_setting
 from swarm.config.roles import CONFIGS, ROLES
 
@@ -74,11 +75,12 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:
-    """Defaults < config file < command line (nested tables field by field). Raises pydantic's
-    ValidationError on bad values."""
+def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    """Defaults < config file < `GEPO_SWARM_*` environment variables (`environ`; None: none) <
+    command line, nested tables field by field. Raises pydantic's ValidationError on bad values."""
     model = CONFIGS[role]
     values = read_config_file(config_file, role) if config_file else {}
+    values = merge(values, environment_values(role, environ or {}))
     return model(**merge(values, canonical(model, cli_values)))
 
 

@@ -111,3 +111,30 @@ def test_swarm_config_prints_every_setting_and_reads_back_as_the_defaults(tmp_pa
     if required:  # what the file leaves for the user to fill in is said in the error
         with pytest.raises(ValueError, match="no --"):
             resolve(role, path, {})
+
+
+def test_settings_from_environment_variables_sit_between_the_file_and_the_command_line(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f'peers = ["{PEER}"]\n[learner]\nsteps = 7\nlearning_rate = 2e-5\nadam_beta1 = 0.8\n')
+    environ = {"GEPO_SWARM_STEPS": "9", "GEPO_SWARM_LEARNING_RATE": "3e-5", "GEPO_SWARM_LOSS__BETA": "0.02",
+               "GEPO_SWARM_NUM_GENERATIONS": "4",  # a sampler's setting: the learner leaves it
+               "GEPO_SWARM_CACHE": "/tmp/elsewhere"}  # not a setting
+    learner = resolve("learner", config, {"steps": 11}, environ=environ)
+    # command line > environment > file > defaults
+    assert (learner.steps, learner.learning_rate, learner.adam_beta1, learner.loss.beta) == (11, 3e-5, 0.8, 0.02)
+    assert learner.max_grad_norm == CONFIGS["learner"].model_fields["max_grad_norm"].default
+    env_peers = resolve("sampler", None, {}, environ={"GEPO_SWARM_PEERS": json.dumps([PEER]), "GEPO_SWARM_LEARNER_KEYS": KEY,
+                                                       "GEPO_SWARM_NUM_GENERATIONS": "4"})
+    assert (env_peers.peers, env_peers.learner_keys, env_peers.num_generations) == ([PEER], [KEY], 4)
+    with pytest.raises(ValueError, match="GEPO_SWARM_LERNING_RATE is not a setting \\(did you mean GEPO_SWARM_LEARNING_RATE"):
+        resolve("learner", config, {}, environ={"GEPO_SWARM_LERNING_RATE": "1"})
+
+
+def test_the_swarm_command_reads_environment_variables():
+    out = run("eval", "--eval-samples", "1", "--json", "--help", env={"GEPO_SWARM_EVAL_SAMPLES": "x"})
+    assert out.returncode == 0  # --help reads no settings
+    out = run("eval", "--json", env={"GEPO_SWARM_EVAL_SAMPLES": "many"}, timeout=120)
+    assert out.returncode == 2 and "--eval-samples" in out.stderr and "integer" in out.stderr, out.stderr
+    out = run("eval", "--eval-samples", "1", "--eval-problems", "1", "--no-greedy", "--max-completion-length", "2", "--json",
+              env={"GEPO_SWARM_EVAL_SAMPLES": "many"}, timeout=120)  # the command line wins
+    assert out.returncode == 0, out.stderr
