@@ -208,12 +208,24 @@ class EvalConfig(TaskSettings, EvalSettings):
     temperature: float = same_as(GenerationSettings, "temperature")
     max_completion_length: int = same_as(GenerationSettings, "max_completion_length")
     greedy: bool = setting(True, group="evaluation", help="also measure temperature-0 accuracy")
+    pass_at_k: list[int] = setting(list, group="evaluation",
+                                   help="also report pass@k for this k (repeatable; at most --eval-samples): the unbiased "
+                                        "estimate over each problem's samples (Chen et al. 2021)")
+    show: int = setting(0, group="evaluation", ge=0, help="print this many sampled completions with their rewards")
     backend: Literal[GENERATION_BACKENDS] = same_as(SamplerConfig, "backend")  # type: ignore[valid-type]
     device: str = same_as(SamplerConfig, "device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = same_as(SamplerConfig, "dtype")
     seed: int = same_as(TrainingSettings, "seed")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
+
+    @model_validator(mode="after")
+    def _k_within_samples(self):
+        for k in self.pass_at_k:
+            if not 1 <= k <= self.eval_samples:
+                raise ValueError(f"--pass-at-k {k} needs 1 <= k <= --eval-samples ({self.eval_samples}): pass "
+                                 f"--eval-samples {max(k, 1)} or more")
+        return self
 
 
 class DemoConfig(TrainerConfig):

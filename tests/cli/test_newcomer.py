@@ -138,3 +138,20 @@ def test_the_swarm_command_reads_environment_variables():
     out = run("eval", "--eval-samples", "1", "--eval-problems", "1", "--no-greedy", "--max-completion-length", "2", "--json",
               env={"GEPO_SWARM_EVAL_SAMPLES": "many"}, timeout=120)  # the command line wins
     assert out.returncode == 0, out.stderr
+
+
+def test_eval_reports_pass_at_k_and_shows_completions_with_their_rewards():
+    out = run("eval", "--eval-problems", "3", "--eval-samples", "4", "--pass-at-k", "2", "--pass-at-k", "4", "--show", "3",
+              "--no-greedy", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    at_k = {int(k): v for k, v in result["pass_at_k"].items()}
+    assert set(at_k) == {2, 4} and result["pass_at_1"] <= at_k[2] <= at_k[4] <= 1.0
+    assert len(result["shown"]) == 3 and all(s["reward"] in (0.0, 1.0) and s["prompt"] for s in result["shown"])
+
+    out = run("eval", "--eval-problems", "2", "--eval-samples", "2", "--show", "2", "--no-greedy")
+    assert out.returncode == 0, out.stderr
+    assert "--- completion 1 of 2: arith-" in out.stdout and "--- completion 2 of 2" in out.stdout and "reward " in out.stdout
+
+    out = run("eval", "--eval-samples", "2", "--pass-at-k", "4")
+    assert out.returncode == 2 and "--pass-at-k 4 needs 1 <= k <= --eval-samples (2)" in " ".join(out.stderr.split())
