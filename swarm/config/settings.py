@@ -345,6 +345,10 @@ class TrainingSettings(Settings):
     learning_rate: float = setting(1e-4, group="optimizer", aliases=("lr",), gt=0, help="AdamW learning rate")
     lr_warmup_steps: int = setting(5, group="optimizer", ge=0,
                                    help="linear learning-rate warm-up over the first versions (damps Adam's sign-like first steps)")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = setting(
+        "constant", group="optimizer",
+        help="learning rate after the warm-up, by version (transformers' get_scheduler): constant, or a linear or "
+             "cosine decay to 0 at --steps")
     max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
     weight_decay: float = setting(0.0, group="optimizer", ge=0, help="AdamW weight decay")
     adam_beta1: float = setting(0.9, group="optimizer", ge=0, lt=1, help="AdamW beta1")
