@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from peers.lifecycle import Peer
-from swarm.checkpoint import latest_checkpoint, load_verified, save_checkpoint
+from swarm.checkpoint import checkpoint_dir, latest_checkpoint, load_verified, read_checkpoint, save_checkpoint
 from swarm.config import LearnerConfig, write_config
 from swarm.config.learner_keys import encode_learner_key
 from swarm.dashboard import peer_dashboard
@@ -64,6 +64,13 @@ def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
     Makes nothing: a fresh run's directory is made once its model and task have loaded."""
     run_dir = Path(config.run_dir)
     found = latest_checkpoint(run_dir)
+    if config.resume_from is not None:  # --resume-from: that checkpoint, in its own run or in a new one
+        chosen = read_checkpoint(config.resume_from)
+        own = chosen.path.resolve().parent == checkpoint_dir(run_dir).resolve()
+        if not own and (found is not None or (run_dir / "steps.jsonl").exists()):
+            raise ValueError(f"--resume-from {chosen.path} is a checkpoint of another run, and run directory {run_dir} "
+                             "already holds a run; choose a new --run-dir to continue from it there")
+        return run_dir, chosen
     if config.resume and found is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; drop --resume to start a new run")
     if not config.resume and (found is not None or (run_dir / "steps.jsonl").exists()):
@@ -155,7 +162,9 @@ class Learner(Peer):
         config = self.config
         if resume_from:
             self._open_events()
-            resume_from, self.core, self.tokenizer = load_verified(self.run_dir, self._build_core, warn=self._warn_damaged)
+            chosen = resume_from if self.config.resume_from is not None else None  # --resume-from: that one, no fallback
+            resume_from, self.core, self.tokenizer = load_verified(self.run_dir, self._build_core, warn=self._warn_damaged,
+                                                                   chosen=chosen)
             self.model, self.core.version = self.core.model, resume_from.version
         else:
             self.model, self.tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made

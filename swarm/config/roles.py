@@ -73,6 +73,9 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
     checkpoint_every: int = setting(10, group="output", ge=0, help="steps between checkpoints (0: only at exit)")
     keep_checkpoints: int = setting(3, group="output", ge=1, help="how many recent checkpoints to keep")
     resume: bool = setting(False, group="output", help="continue from the last checkpoint in --run-dir")
+    resume_from: Optional[Path] = setting(
+        None, group="output", help="continue from this checkpoint directory (RUN_DIR/checkpoints/version-N) rather than "
+                                   "the newest: one of --run-dir's own, or another run's (then --run-dir must be new)")
     ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
     ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
     ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
