@@ -259,6 +259,9 @@ class TaskSettings(Settings):
     system_prompt: Optional[str] = setting(None, group="task", help="dataset tasks: a system message before the prompt")
     apply_chat_template: bool = setting(True, group="task", help="dataset tasks: wrap prompts in the tokenizer's chat "
                                                                  "template when it has one (--no-apply-chat-template: plain text)")
+    max_prompt_length: Optional[int] = setting(
+        None, group="task", ge=1, help="cut longer prompts to their last this many tokens, as TRL does (from the left; "
+                                       "unset: no limit). Every peer of a run must use the same")
     stop_strings: list[str] = setting(list, group="task", aliases=("stop",),
                                       help="a completion ends at the first of these (repeatable); what follows is not scored")
 
@@ -304,10 +307,11 @@ class TaskSettings(Settings):
     def task_options(self) -> dict:
         """What `swarm.tasks.load_task` takes for this task: every peer's prompts, answers and stop strings."""
         if self.task == "arithmetic":
-            return {"difficulty": self.difficulty, "stop_strings": list(self.stop_strings)}
+            return {"difficulty": self.difficulty, "stop_strings": list(self.stop_strings),
+                    "max_prompt_length": self.max_prompt_length}
         return {name: getattr(self, name) for name in ("dataset_config", "question_column", "answer_column", "answer_pattern",
                                                        "prompt_template", "system_prompt", "apply_chat_template",
-                                                       "stop_strings")}
+                                                       "stop_strings", "max_prompt_length")}
 
 
 class ReportSettings(Settings):

@@ -135,6 +135,7 @@ class DatasetTask:
     answer_pattern: str | None = None  # regex extracting the gold answer (e.g. "####\s*(.+)" for GSM8K)
     dataset_config: str | None = None  # hub dataset configuration (GSM8K: "main")
     stop_strings: tuple[str, ...] = ()  # completions are cut at the first of these before scoring
+    max_prompt_length: int | None = None  # prompts cut to their last this many tokens (truncate_prompt)
     tokenizer: object = None
     name: str = field(init=False, default="")
 
@@ -250,7 +251,7 @@ class DatasetTask:
 
     def _prompt(self, question: str) -> str:
         return build_prompt(question, self.tokenizer, self.prompt_template, system_prompt=self.system_prompt,
-                            apply_chat_template=self.apply_chat_template)
+                            apply_chat_template=self.apply_chat_template, max_prompt_length=self.max_prompt_length)
 
     def _select(self, split: str) -> tuple[list[Problem], int]:
         """The problems of `split` and how many of its rows had no gold answer."""
