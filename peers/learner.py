@@ -43,6 +43,7 @@ from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
 from swarm.model.loading import load_policy
 from swarm.progress import LineProgress
 from swarm.reporting import Reporter
+from swarm.rewards import RewardScorer
 from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
 from swarm.tasks import load_problems
 from swarm.team import LearnerTeam, float32_hash
@@ -235,7 +236,8 @@ class Learner(Peer):
             stop_strings=config.stop_strings,
             max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalise=self.inbox.penalise,
             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=self.verifier,
-            banned=lambda peer: self.inbox.bans.remaining(peer) > 0))
+            banned=lambda peer: self.inbox.bans.remaining(peer) > 0,
+            scorer=RewardScorer(config.reward_spec())))
 
     def _write_ready(self) -> None:
         """learner.key and ready.json, which say how to join; the dashboard, which ready.json names."""

@@ -262,6 +262,13 @@ class TaskSettings(Settings):
     max_prompt_length: Optional[int] = setting(
         None, group="task", ge=1, help="cut longer prompts to their last this many tokens, as TRL does (from the left; "
                                        "unset: no limit). Every peer of a run must use the same")
+    reward_funcs: list[str] = setting(
+        lambda: ["accuracy"], group="task",
+        help="the rewards summed into each completion's score (repeatable): accuracy (math-verify against the gold answer), "
+             "format (ends in one \\boxed{}), or a dotted path 'pkg.module:function' taking (completion, answer). "
+             "Every peer of a run must use the same: the learner rescores each group and refuses other rewards")
+    reward_weights: list[float] = setting(
+        list, group="task", help="one weight per --reward-funcs, in their order (repeatable; unset: 1 each)")
     stop_strings: list[str] = setting(list, group="task", aliases=("stop",),
                                       help="a completion ends at the first of these (repeatable); what follows is not scored")
 
@@ -290,6 +297,28 @@ class TaskSettings(Settings):
         if any(not s for s in stops):
             raise ValueError("an empty stop string would end every completion at once; drop it")
         return stops
+
+    @field_validator("reward_funcs")
+    @classmethod
+    def _rewards_resolve(cls, names: list[str]) -> list[str]:
+        from swarm.rewards import resolve_reward  # stdlib only at import: math-verify loads when a reward runs
+
+        for name in names:
+            resolve_reward(name)  # an unknown name or a dotted path that does not import: said now, not mid-run
+        return names
+
+    @model_validator(mode="after")
+    def _a_weight_per_reward(self):
+        if not self.reward_funcs:
+            raise ValueError("--reward-funcs: at least one reward is needed, e.g. accuracy")
+        if self.reward_weights and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"--reward-weights: {len(self.reward_weights)} weight(s) for {len(self.reward_funcs)} "
+                             f"--reward-funcs ({', '.join(self.reward_funcs)}); give one weight per reward, in order")
+        return self
+
+    def reward_spec(self) -> list[tuple[str, float]]:
+        """(reward, weight) pairs, as swarm.rewards.RewardScorer takes them."""
+        return list(zip(self.reward_funcs, self.reward_weights or [1.0] * len(self.reward_funcs)))
 
     @model_validator(mode="after")
     def _options_fit_the_task(self):

@@ -155,3 +155,11 @@ def test_eval_reports_pass_at_k_and_shows_completions_with_their_rewards():
 
     out = run("eval", "--eval-samples", "2", "--pass-at-k", "4")
     assert out.returncode == 2 and "--pass-at-k 4 needs 1 <= k <= --eval-samples (2)" in " ".join(out.stderr.split())
+
+
+def test_reward_funcs_and_weights_on_the_command_line():
+    out = run("learner", "--peers", PEER, "--reward-funcs", "accuracy", "--reward-funcs", "fromat")
+    assert out.returncode == 2 and "unknown reward 'fromat'" in out.stderr
+    out = run("sampler", "--peers", PEER, "--learner-key", KEY, "--reward-funcs", "accuracy", "--reward-funcs", "format",
+              "--reward-weights", "0.5")
+    assert out.returncode == 2 and "--reward-weights: 1 weight(s) for 2 --reward-funcs" in " ".join(out.stderr.split())
