@@ -11,6 +11,7 @@ from pydantic import AfterValidator, field_validator, model_validator
 
 from swarm.config.base import Settings, setting
 from swarm.reporting import check_report_to
+from swarm.rewards import resolve_reward  # stdlib only at import: math-verify loads when a reward runs
 
 TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly these
 GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
@@ -301,8 +302,6 @@ class TaskSettings(Settings):
     @field_validator("reward_funcs")
     @classmethod
     def _rewards_resolve(cls, names: list[str]) -> list[str]:
-        from swarm.rewards import resolve_reward  # stdlib only at import: math-verify loads when a reward runs
-
         for name in names:
             resolve_reward(name)  # an unknown name or a dotted path that does not import: said now, not mid-run
         return names
