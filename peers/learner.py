@@ -27,6 +27,7 @@ from swarm.checkpoint import checkpoint_dir, latest_checkpoint, load_verified, r
 from swarm.config import LearnerConfig, write_config
 from swarm.config.learner_keys import encode_learner_key
 from swarm.dashboard import peer_dashboard
+from swarm.evaluation import HeldOutEvaluation
 from swarm.fabric.interface import JoinError
 from swarm.fabric.membership.authority import parse, read_certificate
 from swarm.fabric.membership.pulse import Pulse
@@ -123,6 +124,7 @@ class Learner(Peer):
         # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
         # the seconds between its recent steps
         self.last_step, self.step_times = time.time(), deque(maxlen=STEP_TIMES_KEPT)
+        self.held_out: HeldOutEvaluation | None = None  # --eval-every: made at the first evaluation
 
     # -- set up -----------------------------------------------------------------------------------
 
@@ -356,6 +358,7 @@ class Learner(Peer):
         totals["used"] += len(batch)
         totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
         self.publish()
+        metrics.update(self._evaluate_if_due())
         self._record_step(metrics)
         self._stepped()
         self.echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
@@ -363,6 +366,21 @@ class Learner(Peer):
         self._watch_logprob_gap(metrics["fresh_logprob_gap"])
         if self.config.checkpoint_every and core.version % self.config.checkpoint_every == 0:
             self.checkpoint()
+
+    def _evaluate_if_due(self) -> dict:
+        """--eval-every: held-out pass@1 of the new version, for its step record ({} when not due)."""
+        config, version = self.config, self.core.version
+        if not config.eval_every or version % config.eval_every:
+            return {}
+        if self.held_out is None:  # built at the first evaluation: a run without any pays nothing
+            problems = load_problems(config.task, config.task_options(), tokenizer=self.tokenizer, split="test")
+            self.held_out = self.hold(HeldOutEvaluation(
+                self.model, self.tokenizer, problems[: config.eval_problems], samples=config.eval_samples,
+                temperature=config.temperature, max_completion_length=config.max_completion_length, seed=config.seed,
+                stop_strings=config.stop_strings))
+        found = self.held_out.run()
+        self.echo(f"held-out pass@1 at version {version}: {found['eval_pass_at_1']:.3f} ({found['eval_seconds']:.1f}s)")
+        return found
 
     def _record_step(self, metrics: dict) -> None:
         verifier, server, inbox = self.verifier, self.server, self.inbox

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 from swarm.config import EvalSettings, GenerationSettings, TaskSettings, default_of
 from swarm.generation import SamplingParams, make_backend
+from swarm.generation.transformers_backend import TransformersBackend
 from swarm.model.device import resolve_dtype
 from swarm.model.loading import resolve_model_dir
 from swarm.progress import Progress, ProgressTask
@@ -187,3 +188,34 @@ def evaluate(
     return EvalResult(model=model or "embedded", task=task_name, split=chosen.split, num_problems=len(chosen.problems),
                       problems_in_split=chosen.available, rows_skipped=chosen.skipped, samples_per_problem=samples,
                       temperature=temperature, seconds=round(time.time() - started, 2), **found)
+
+
+class HeldOutEvaluation:
+    """The learner's held-out evaluation (`--eval-every`): pass@1 of its own policy, in place, on the
+    task's test problems, sampled as the run samples. `run()` returns the step record's fields
+    {"eval_pass_at_1", "eval_seconds"}; the model is left in train mode."""
+
+    def __init__(self, model, tokenizer, problems: Sequence[Problem], *, samples: int, temperature: float,
+                 max_completion_length: int, seed: int, stop_strings: Sequence[str] = ()) -> None:
+        if not problems:
+            raise ValueError("--eval-every: the task has no held-out (test) problems to evaluate on")
+        self.model, self.problems = model, list(problems)
+        self.backend = TransformersBackend(model, tokenizer, static_cache=False)  # the training model: nothing compiled
+        self.scorer = RewardScorer([("accuracy", 1.0)])  # correctness alone, whatever the training rewards
+        self.samples, self.temperature, self.max_completion_length = samples, temperature, max_completion_length
+        self.seed, self.stop_strings = seed, tuple(stop_strings)
+
+    def run(self) -> dict:
+        started = time.time()
+        self.model.eval()
+        try:
+            # the same seed at every evaluation: versions are compared on the same draws
+            found = evaluate_policy(self.backend, self.scorer, self.problems, samples=self.samples,
+                                    temperature=self.temperature, max_completion_length=self.max_completion_length,
+                                    seed=self.seed, greedy=False, stop_strings=self.stop_strings)
+        finally:
+            self.model.train()
+        return {"eval_pass_at_1": found["pass_at_1"], "eval_seconds": round(time.time() - started, 3)}
+
+    def close(self) -> None:
+        self.scorer.close()

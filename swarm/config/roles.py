@@ -88,6 +88,13 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
                                         "steps alone (those left out then download the state and catch up)")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
+    eval_every: int = setting(
+        0, group="evaluation", ge=0,
+        help="versions between held-out evaluations of the learner's own policy: pass@1 on the task's test problems "
+             "(eval_pass_at_1 in steps.jsonl, the trackers and the dashboard); 0: none. It generates on the learner, "
+             "between steps: keep --eval-problems small on a CPU")
+    eval_problems: int = setting(32, group="evaluation", ge=1, help="held-out problems per learner evaluation")
+    eval_samples: int = same_as(EvalSettings, "eval_samples")
     verify_fraction: float = setting(
         0.25, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version "
                                               "(a sampler caught lying is banned; 0: trust samplers)")
