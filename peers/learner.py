@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Callable
 
 from peers.lifecycle import Peer
-from swarm.checkpoint import latest_checkpoint, load_verified, save_checkpoint
+from swarm.checkpoint import checkpoint_dir, latest_checkpoint, load_verified, read_checkpoint, save_checkpoint
 from swarm.config import LearnerConfig, write_config
 from swarm.config.learner_keys import encode_learner_key
 from swarm.dashboard import peer_dashboard
+from swarm.evaluation import HeldOutEvaluation
 from swarm.fabric.interface import JoinError
 from swarm.fabric.membership.authority import parse, read_certificate
 from swarm.fabric.membership.pulse import Pulse
@@ -43,6 +44,7 @@ from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
 from swarm.model.loading import load_policy
 from swarm.progress import LineProgress
 from swarm.reporting import Reporter
+from swarm.rewards import RewardScorer
 from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
 from swarm.tasks import load_problems
 from swarm.tied_weights import unique_state
@@ -65,6 +67,13 @@ def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
     Makes nothing: a fresh run's directory is made once its model and task have loaded."""
     run_dir = Path(config.run_dir)
     found = latest_checkpoint(run_dir)
+    if config.resume_from is not None:  # --resume-from: that checkpoint, in its own run or in a new one
+        chosen = read_checkpoint(config.resume_from)
+        own = chosen.path.resolve().parent == checkpoint_dir(run_dir).resolve()
+        if not own and (found is not None or (run_dir / "steps.jsonl").exists()):
+            raise ValueError(f"--resume-from {chosen.path} is a checkpoint of another run, and run directory {run_dir} "
+                             "already holds a run; choose a new --run-dir to continue from it there")
+        return run_dir, chosen
     if config.resume and found is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}; drop --resume to start a new run")
     if not config.resume and (found is not None or (run_dir / "steps.jsonl").exists()):
@@ -116,6 +125,7 @@ class Learner(Peer):
         # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
         # the seconds between its recent steps
         self.last_step, self.step_times = time.time(), deque(maxlen=STEP_TIMES_KEPT)
+        self.held_out: HeldOutEvaluation | None = None  # --eval-every: made at the first evaluation
 
     # -- set up -----------------------------------------------------------------------------------
 
@@ -156,7 +166,9 @@ class Learner(Peer):
         config = self.config
         if resume_from:
             self._open_events()
-            resume_from, self.core, self.tokenizer = load_verified(self.run_dir, self._build_core, warn=self._warn_damaged)
+            chosen = resume_from if self.config.resume_from is not None else None  # --resume-from: that one, no fallback
+            resume_from, self.core, self.tokenizer = load_verified(self.run_dir, self._build_core, warn=self._warn_damaged,
+                                                                   chosen=chosen)
             self.model, self.core.version = self.core.model, resume_from.version
         else:
             self.model, self.tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made
@@ -227,7 +239,8 @@ class Learner(Peer):
             stop_strings=config.stop_strings,
             max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalise=self.inbox.penalise,
             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=self.verifier,
-            banned=lambda peer: self.inbox.bans.remaining(peer) > 0))
+            banned=lambda peer: self.inbox.bans.remaining(peer) > 0,
+            scorer=RewardScorer(config.reward_spec())))
 
     def _write_ready(self) -> None:
         """learner.key and ready.json, which say how to join; the dashboard, which ready.json names."""
@@ -346,6 +359,7 @@ class Learner(Peer):
         totals["used"] += len(batch)
         totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
         self.publish()
+        metrics.update(self._evaluate_if_due())
         self._record_step(metrics)
         self._stepped()
         self.echo(f"step {core.version}: reward {metrics['reward_mean']:.3f}, staleness {metrics['staleness_mean']:.1f} "
@@ -353,6 +367,21 @@ class Learner(Peer):
         self._watch_logprob_gap(metrics["fresh_logprob_gap"])
         if self.config.checkpoint_every and core.version % self.config.checkpoint_every == 0:
             self.checkpoint()
+
+    def _evaluate_if_due(self) -> dict:
+        """--eval-every: held-out pass@1 of the new version, for its step record ({} when not due)."""
+        config, version = self.config, self.core.version
+        if not config.eval_every or version % config.eval_every:
+            return {}
+        if self.held_out is None:  # built at the first evaluation: a run without any pays nothing
+            problems = load_problems(config.task, config.task_options(), tokenizer=self.tokenizer, split="test")
+            self.held_out = self.hold(HeldOutEvaluation(
+                self.model, self.tokenizer, problems[: config.eval_problems], samples=config.eval_samples,
+                temperature=config.temperature, max_completion_length=config.max_completion_length, seed=config.seed,
+                stop_strings=config.stop_strings))
+        found = self.held_out.run()
+        self.echo(f"held-out pass@1 at version {version}: {found['eval_pass_at_1']:.3f} ({found['eval_seconds']:.1f}s)")
+        return found
 
     def _record_step(self, metrics: dict) -> None:
         verifier, server, inbox = self.verifier, self.server, self.inbox

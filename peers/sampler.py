@@ -130,7 +130,7 @@ class Sampler(Peer):
         config = self.config
         self.reporter = self.hold(Reporter(self.run_dir, config.report_to, config=config.model_dump(mode="json")))
         self.events = self.hold(EventLog(self.run_dir, on_write=self.reporter.event))
-        self.scorer = self.hold(RewardScorer())
+        self.scorer = self.hold(RewardScorer(config.reward_spec()))  # the learner rescores with the same
         simulating = self.delay.kind != "none" or config.lag_steps > 0
         # holding many versions only matters for latency simulation (versions wait for their pickup time)
         self.store = VersionStore(capacity=max(4, config.lag_steps + 2, MAX_HELD_VERSIONS if simulating else 0))

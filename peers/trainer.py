@@ -58,7 +58,8 @@ def run_trainer(
     learner = LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
     sampler = TransformersBackend(sampler_model, tokenizer)
     evaluator = TransformersBackend(model, tokenizer)
-    scorer = RewardScorer([("accuracy", 1.0)])
+    scorer = RewardScorer([("accuracy", 1.0)])  # held-out evaluation: correctness alone
+    train_scorer = RewardScorer(config.reward_spec())
     train = load_problems(config.task, config.task_options(), tokenizer=tokenizer, split="train")
     test = load_problems(config.task, config.task_options(), tokenizer=tokenizer, split="test")[: config.eval_problems]
     by_id = {p.problem_id: p for p in train}
@@ -95,7 +96,7 @@ def run_trainer(
                 version = sampler_version(learner.version, delay.draw(delay_rng), ring, config.max_staleness)
                 sampler_model.load_state_dict(ring.get(version))
                 params.seed = rng.randrange(2**31)
-                groups += produce_rollouts(sampler, scorer, problems[s : s + per_sampler], params, version=version,
+                groups += produce_rollouts(sampler, train_scorer, problems[s : s + per_sampler], params, version=version,
                                            sampler_id=f"virtual-{s}")
             diagnostic = {}
             if config.advantage_diagnostic_every and step % config.advantage_diagnostic_every == 0:
@@ -116,6 +117,7 @@ def run_trainer(
                 evals.append(evaluate(step + 1))
     finally:
         scorer.close()
+        train_scorer.close()
         if log:
             log.close()
         if reporter:

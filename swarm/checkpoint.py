@@ -113,6 +113,26 @@ def list_checkpoints(run_dir: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.version)
 
 
+def read_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint in directory `path` (`--resume-from`); ValueError saying what is wrong when it is not one."""
+    path = Path(path)
+    example = "a directory like RUN_DIR/checkpoints/version-000042 (a learner's run directory lists them)"
+    if not path.is_dir():
+        raise ValueError(f"--resume-from {path}: no such directory; pass {example}")
+    try:
+        state = json.loads((path / STATE_FILE).read_text())
+        checkpoint = Checkpoint(path, int(state["version"]), str(state["hash"]), dict(state.get("config", {})))
+    except OSError:
+        raise ValueError(f"--resume-from {path} is not a checkpoint: it holds no {STATE_FILE}; pass {example}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--resume-from {path} is not a complete checkpoint: its {STATE_FILE} is damaged ({exc!r}); "
+                         f"pass another of {path.parent}") from None
+    if not (path / OPTIMIZER_FILE).is_file():
+        raise ValueError(f"--resume-from {path} is not a complete checkpoint: it holds no {OPTIMIZER_FILE}; pass another "
+                         f"of {path.parent}")
+    return checkpoint
+
+
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
@@ -128,21 +148,33 @@ def _legacy_match(model, digest: str) -> bool:
     return legacy_state_hash({k: v.detach() for k, v in model.state_dict().items()}) == digest
 
 
-def load_verified(run_dir: Path, build_learner, *, warn=logger.warning):
+def load_verified(run_dir: Path, build_learner, *, warn=logger.warning, chosen: Checkpoint | None = None):
     """(checkpoint, learner, tokenizer) from the newest checkpoint that loads and whose weights hash
     to what its state.json says; a damaged newer one is skipped with a `warn`ing.
     `build_learner(model, tokenizer)` makes the learner (anything with an `optimizer`) that the
-    saved optimizer state is loaded into. Raises FileNotFoundError when no checkpoint is usable."""
+    saved optimizer state is loaded into. Raises FileNotFoundError when no checkpoint is usable.
+    With `chosen` (`--resume-from`), that checkpoint alone: damaged, it is a ValueError, not a fallback."""
+    if chosen is not None:
+        try:
+            return _load_one(chosen, build_learner)
+        except Exception as exc:  # noqa: BLE001  any damage: said, never replaced by another checkpoint
+            raise ValueError(f"--resume-from {chosen.path} is damaged ({type(exc).__name__}: {exc}); pass another "
+                             f"checkpoint of {chosen.path.parent}") from exc
     found = list_checkpoints(run_dir)
     for checkpoint in reversed(found):
         try:
-            model, tokenizer = load_policy(str(checkpoint.path))
-            digest = state_hash(unique_state(model))  # as the learner hashed it: a tied parameter once
-            if digest != checkpoint.hash and not _legacy_match(model, checkpoint.hash):
-                raise ValueError(f"its weights hash to {digest[:12]}..., not {checkpoint.hash[:12]}... as state.json says")
-            learner = build_learner(model, tokenizer)
-            load_optimizer_state(checkpoint, learner.optimizer)
-            return checkpoint, learner, tokenizer
+            return _load_one(checkpoint, build_learner)
         except Exception as exc:  # noqa: BLE001  any damage: try the previous checkpoint
             warn(f"checkpoint {checkpoint.path} is damaged ({type(exc).__name__}: {exc}); trying an older one")
     raise FileNotFoundError(f"no usable checkpoint in {checkpoint_dir(run_dir)} ({len(found)} found, all damaged)")
+
+
+def _load_one(checkpoint: Checkpoint, build_learner):
+    """(checkpoint, learner, tokenizer) from one checkpoint whose weights hash as its state.json says."""
+    model, tokenizer = load_policy(str(checkpoint.path))
+    digest = state_hash(unique_state(model))  # as the learner hashed it: a tied parameter once
+    if digest != checkpoint.hash and not _legacy_match(model, checkpoint.hash):
+        raise ValueError(f"its weights hash to {digest[:12]}..., not {checkpoint.hash[:12]}... as state.json says")
+    learner = build_learner(model, tokenizer)
+    load_optimizer_state(checkpoint, learner.optimizer)
+    return checkpoint, learner, tokenizer

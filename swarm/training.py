@@ -47,6 +47,30 @@ def warmup_factor(version: int, warmup_steps: int) -> float:
     return min(1.0, (version + 1) / warmup_steps) if warmup_steps else 1.0
 
 
+# --lr-scheduler-type: TRL's names, each transformers' own schedule of that name (get_scheduler)
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def lr_schedule(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor of the step from each version: transformers' `get_scheduler` schedule
+    of `kind` (constant, linear or cosine decay to 0 at `total_steps`) after our warm-up. A pure
+    function of the version, as warmup_factor, so a resumed learner needs no scheduler state.
+    Departure from transformers: during warm-up the step from version v uses (v + 1) / warmup_steps,
+    not v / warmup_steps, so that the first step is not wasted at learning rate 0."""
+    from transformers import get_scheduler
+
+    if kind not in SCHEDULES:
+        raise ValueError(f"unknown learning-rate schedule {kind!r}; choose one of: {', '.join(SCHEDULES)}")
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # get_scheduler wants an optimizer
+    scheduler = get_scheduler(SCHEDULES[kind], dummy, num_warmup_steps=warmup_steps, num_training_steps=max(total_steps, 1))
+    after_warmup = scheduler.lr_lambdas[0]
+
+    def factor(version: int) -> float:
+        return warmup_factor(version, warmup_steps) if version < warmup_steps else max(0.0, float(after_warmup(version)))
+
+    return factor
+
+
 def staleness_histogram(staleness: list[int]) -> dict[str, int]:
     edges = list(STALENESS_BINS) + [None]
     hist = {}
@@ -90,7 +114,8 @@ ADDITIVE_METRICS = ("loss", "policy_loss", "kl_penalty")
 class LearnerCore:
     """Owns the trainable policy and its optimizer; `version` counts optimizer steps.
 
-    learning_rate: AdamW learning rate, warmed up over `lr_warmup_steps` versions.
+    learning_rate: AdamW learning rate, warmed up over `lr_warmup_steps` versions, then scheduled by
+    `lr_scheduler_type` (constant, linear, cosine) to reach its end at version `total_steps`.
     max_grad_norm: gradient clipping (<= 0 disables).
     micro_batch_groups / micro_batch_tokens: groups and padded tokens per forward/backward;
     gradients accumulate across micro-batches, and the step is the one-batch step up to float
@@ -109,6 +134,8 @@ class LearnerCore:
         loss: LossConfig | None = None,
         learning_rate: float = default_of(TrainingSettings, "learning_rate"),
         lr_warmup_steps: int = default_of(TrainingSettings, "lr_warmup_steps"),
+        lr_scheduler_type: str = default_of(TrainingSettings, "lr_scheduler_type"),
+        total_steps: int = default_of(TrainingSettings, "steps"),
         weight_decay: float = default_of(TrainingSettings, "weight_decay"),
         betas: tuple[float, float] = (default_of(TrainingSettings, "adam_beta1"), default_of(TrainingSettings, "adam_beta2")),
         adam_epsilon: float = default_of(TrainingSettings, "adam_epsilon"),
@@ -129,6 +156,7 @@ class LearnerCore:
         self.micro_batch_groups, self.micro_batch_tokens, self.logprob_chunk = micro_batch_groups, micro_batch_tokens, logprob_chunk
         self.autocast_dtype = autocast_dtype
         self.learning_rate, self.lr_warmup_steps = learning_rate, lr_warmup_steps
+        self.lr_factor = lr_schedule(lr_scheduler_type, lr_warmup_steps, total_steps)  # of the version: resumes need no state
         if gradient_checkpointing:  # activations are recomputed in backward (renamed in transformers 5)
             if hasattr(model, "activation_checkpointing_enable"):
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -164,7 +192,8 @@ class LearnerCore:
     def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
         """The learner for a role's training settings (LearnerConfig or TrainerConfig)."""
         return cls(model, pad_token_id, loss=settings.loss, learning_rate=settings.learning_rate,
-                   lr_warmup_steps=settings.lr_warmup_steps, max_grad_norm=settings.max_grad_norm,
+                   lr_warmup_steps=settings.lr_warmup_steps, lr_scheduler_type=settings.lr_scheduler_type,
+                   total_steps=settings.steps, max_grad_norm=settings.max_grad_norm,
                    weight_decay=settings.weight_decay, betas=(settings.adam_beta1, settings.adam_beta2),
                    adam_epsilon=settings.adam_epsilon, micro_batch_groups=settings.micro_batch_groups,
                    micro_batch_tokens=settings.micro_batch_tokens, logprob_chunk=settings.logprob_chunk,
@@ -195,7 +224,7 @@ class LearnerCore:
         if self.gradient_averager is None:
             raise ValueError("a learner step needs at least one rollout group")
         started = time.time()
-        learning_rate = self.learning_rate * warmup_factor(self.version, self.lr_warmup_steps)
+        learning_rate = self.learning_rate * self.lr_factor(self.version)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = learning_rate
         self.model.train()
@@ -231,7 +260,7 @@ class LearnerCore:
             raise ValueError(f"rollout groups were sampled with different settings {sorted(sampling)}; step on them separately")
         temperature, top_k, top_p = sampling.pop()
         started = time.time()
-        learning_rate = self.learning_rate * warmup_factor(self.version, self.lr_warmup_steps)
+        learning_rate = self.learning_rate * self.lr_factor(self.version)
         for param_group in self.optimizer.param_groups:
             param_group["lr"] = learning_rate
         self.model.train()

@@ -7,6 +7,7 @@ import click
 
 from swarm import __version__
 from swarm.cli.authorise import authorise_command, learner_key_command
+from swarm.cli.config_command import config_command
 from swarm.cli.dashboard import dashboard_command
 from swarm.cli.launcher import die_with_launcher
 from swarm.cli.local_commands import demo_command, eval_command, plot_command
@@ -21,5 +22,5 @@ def main() -> None:
 
 
 for command in (bootstrap_command, learner_command, sampler_command, status_command, dashboard_command, eval_command,
-                demo_command, plot_command, authorise_command, learner_key_command):
+                demo_command, plot_command, authorise_command, learner_key_command, config_command):
     main.add_command(command)

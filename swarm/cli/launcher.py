@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarm.config import SwarmSettings, default_of
+from swarm.config.environment import without_settings
 from swarm.runlog import wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -80,7 +81,9 @@ class LocalSwarm:
     def spawn(self, name: str, *args: str, run_dir: Path | None = None) -> Proc:
         log = self.run_dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
+        # the launcher resolved its settings with GEPO_SWARM_* already; its peers get theirs on their command line
+        # and in config files, which those variables would override (a run directory shared by every peer)
+        env = dict(without_settings(os.environ), PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads_per_peer),
                    MKL_NUM_THREADS=str(self.threads_per_peer), TOKENIZERS_PARALLELISM="false",
                    **{LAUNCHER_PID_ENV: str(os.getpid())})
         extra = ("--run-dir", str(run_dir)) if run_dir is not None else ()

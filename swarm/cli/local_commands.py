@@ -23,7 +23,7 @@ from swarm.runlog import STEPS_FILE, read_jsonl
 @config_options(EvalConfig)
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print the result as JSON")
 def eval_command(config_file, as_json, **options):
-    """Accuracy of a policy on a task: pass@1 over --eval-samples samples per problem, and greedy accuracy.
+    """Accuracy of a policy on a task: pass@1 over --eval-samples samples per problem, pass@k, and greedy accuracy.
 
     Reads a dataset's own test split, every row of a single file, or the arithmetic test split
     (--split chooses), and says which problems before it starts."""
@@ -38,6 +38,7 @@ def eval_command(config_file, as_json, **options):
             # a bar on a terminal, plain lines in a log; on stderr: --json keeps stdout to the result
             progress=progress_for(sys.stderr, echo=lambda line: click.echo(line, err=True)), task_options=config.task_options(),
             echo=lambda line: click.echo(line, err=True),  # stderr: --json keeps stdout to the result
+            ks=sorted(set(config.pass_at_k)), show=config.show,
         )
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
@@ -49,13 +50,21 @@ def eval_command(config_file, as_json, **options):
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("problems", f"{result.num_problems} of {result.problems_in_split}")
-    table.add_row(f"pass@1 (k={result.samples_per_problem}, T={result.temperature:g})", f"{100 * result.pass_at_1:.1f}%")
+    table.add_row(f"pass@1 (n={result.samples_per_problem}, T={result.temperature:g})", f"{100 * result.pass_at_1:.1f}%")
+    for k, value in result.pass_at_k.items():
+        table.add_row(f"pass@{k} (of n={result.samples_per_problem})", f"{100 * value:.1f}%")
     if result.greedy_accuracy is not None:
         table.add_row("greedy accuracy", f"{100 * result.greedy_accuracy:.1f}%")
     table.add_row("unscorable completions", str(result.unscorable))
     table.add_row("completion tokens", str(result.completion_tokens))
     table.add_row("seconds", f"{result.seconds:.1f}")
-    Console().print(table)
+    console = Console()
+    for i, shown in enumerate(result.shown, start=1):  # model text: printed as text, never as rich markup
+        reward = "unscorable" if shown["reward"] is None else f"{shown['reward']:g}"
+        console.print(f"--- completion {i} of {len(result.shown)}: {shown['problem_id']}, gold answer "
+                      f"{shown['answer']!r}, reward {reward}", markup=False, highlight=False)
+        console.print(shown["prompt"] + shown["completion"], markup=False, highlight=False)
+    console.print(table)
 
 
 @click.command("demo", cls=GroupedCommand)

@@ -12,6 +12,7 @@ which: `get_parameter_source`); the defaults click shows are the models' own.
 
 from __future__ import annotations
 
+import os
 import typing
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,12 +21,11 @@ import click
 from pydantic import BaseModel
 
 from swarm.config import resolve
+from swarm.config.base import GROUP_ORDER
 
 # option names kept short or singular where the field name reads badly on a command line
 OPTION_NAMES = {"learner_keys": "--learner-key", "max_age_s": "--max-age", "name": "--loss"}
 SHORT_NAMES = {"eval_samples": "-k"}  # pass@k's k, as `swarm eval -k 4` has always read
-GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "training", "generation", "device", "sampler", "vllm", "staleness", "evaluation",
-               "output", "other")
 # Failures a user can fix by changing what they typed: exit 2 with the usage line.
 USAGE_ERRORS = (ValueError, FileNotFoundError, PermissionError)
 
@@ -43,7 +43,18 @@ class GroupedOption(click.Option):
 
 
 class GroupedCommand(click.Command):
-    """Writes the options of --help in sections, in GROUP_ORDER."""
+    """Writes the options of --help in sections, in GROUP_ORDER; an option another role takes says
+    so ("--num-generations is a sampler option: pass it to `swarm sampler`")."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            hint = role_hint(exc.option_name, self.name)
+            if hint:
+                exc.message = f"No such option: {exc.option_name}. {hint}"
+                exc.possibilities = None  # click's guess ("did you mean --max-new-tokens") would mislead
+            raise
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         sections: dict[str, list] = {}
@@ -54,6 +65,21 @@ class GroupedCommand(click.Command):
         for group in sorted(sections, key=lambda g: GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER)):
             with formatter.section(f"{group.capitalize()} options"):
                 formatter.write_dl(sections[group])
+
+
+def role_hint(option: str, role: str | None) -> str | None:
+    """Where an option this role's command does not take belongs, if another role's command takes it."""
+    from swarm.config import CONFIGS
+    from swarm.config.hints import belongs_elsewhere
+
+    if role not in CONFIGS:
+        return None
+    for other in CONFIGS.values():
+        for _, name, field in _options_of(other):
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if option in (option_name(name), *(option_name(a) for a in extra.get("aliases", ()))):
+                return belongs_elsewhere(name, role, spelled=option, as_option=True)
+    return None
 
 
 def _click_type(annotation):
@@ -144,7 +170,7 @@ def validation_message(exc) -> str:
 def config_from_options(role: str, config_file, options: dict):
     """The validated config of `role`; bad values and bad config files are usage errors (exit 2)."""
     with user_errors():
-        return resolve(role, Path(config_file) if config_file else None, given_values(options))
+        return resolve(role, Path(config_file) if config_file else None, given_values(options), environ=os.environ)
 
 
 @contextmanager

@@ -10,6 +10,11 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
+# The order of the groups of settings, in --help and in the files `swarm config ROLE` prints
+GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "training", "generation", "device", "sampler", "vllm", "staleness",
+               "evaluation", "output", "other")
+
+
 def setting(default: Any = ..., *, group: str, help: str = "", aliases: tuple[str, ...] = (), **bounds) -> Any:
     """A field with its option group (for --help) and old names it also accepts."""
     extra = {"group": group}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pydantic import BaseModel
 
 from swarm.config.base import Settings, field_names, field_names_of
+from swarm.config.environment import environment_values
+from swarm.config.hints import unknown_setting
 from swarm.config.roles import CONFIGS, ROLES
 
 
@@ -47,8 +49,8 @@ def read_config_file(path: Path, role: str) -> dict[str, Any]:
         raise ValueError(f"config file {path}: [{role}] must be a table of settings")
     unknown = sorted(k for k in (*shared, *section) if k not in field_names(model))
     if unknown:
-        raise ValueError(f"config file {path}: unknown setting(s) {', '.join(unknown)} for a {role}; "
-                         f"known: {', '.join(sorted(model.model_fields))}")
+        raise ValueError(f"config file {path}: unknown setting(s): " + "; ".join(unknown_setting(key, role) for key in unknown)
+                         + f" (`swarm config {role}` prints every {role} setting)")
     return merge(canonical(model, shared), canonical(model, section))  # the role's table wins, field by field
 
 
@@ -73,11 +75,12 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any]) -> Settings:
-    """Defaults < config file < command line (nested tables field by field). Raises pydantic's
-    ValidationError on bad values."""
+def resolve(role: str, config_file: Path | None, cli_values: dict[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
+    """Defaults < config file < `GEPO_SWARM_*` environment variables (`environ`; None: none) <
+    command line, nested tables field by field. Raises pydantic's ValidationError on bad values."""
     model = CONFIGS[role]
     values = read_config_file(config_file, role) if config_file else {}
+    values = merge(values, environment_values(role, environ or {}))
     return model(**merge(values, canonical(model, cli_values)))
 
 

@@ -73,6 +73,9 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
     checkpoint_every: int = setting(10, group="output", ge=0, help="steps between checkpoints (0: only at exit)")
     keep_checkpoints: int = setting(3, group="output", ge=1, help="how many recent checkpoints to keep")
     resume: bool = setting(False, group="output", help="continue from the last checkpoint in --run-dir")
+    resume_from: Optional[Path] = setting(
+        None, group="output", help="continue from this checkpoint directory (RUN_DIR/checkpoints/version-N) rather than "
+                                   "the newest: one of --run-dir's own, or another run's (then --run-dir must be new)")
     ban_after: int = setting(8, group="swarm", ge=1, help="refused groups from one peer within --ban-window-s that get it banned")
     ban_window_s: float = setting(120.0, group="swarm", gt=0, help="window for counting a peer's refused groups, seconds")
     ban_s: float = setting(600.0, group="swarm", ge=0, help="how long a banned peer's rollouts are ignored, seconds")
@@ -85,6 +88,13 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
                                         "steps alone (those left out then download the state and catch up)")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
+    eval_every: int = setting(
+        0, group="evaluation", ge=0,
+        help="versions between held-out evaluations of the learner's own policy: pass@1 on the task's test problems "
+             "(eval_pass_at_1 in steps.jsonl, the trackers and the dashboard); 0: none. It generates on the learner, "
+             "between steps: keep --eval-problems small on a CPU")
+    eval_problems: int = setting(32, group="evaluation", ge=1, help="held-out problems per learner evaluation")
+    eval_samples: int = same_as(EvalSettings, "eval_samples")
     verify_fraction: float = setting(
         0.25, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version "
                                               "(a sampler caught lying is banned; 0: trust samplers)")
@@ -208,12 +218,24 @@ class EvalConfig(TaskSettings, EvalSettings):
     temperature: float = same_as(GenerationSettings, "temperature")
     max_completion_length: int = same_as(GenerationSettings, "max_completion_length")
     greedy: bool = setting(True, group="evaluation", help="also measure temperature-0 accuracy")
+    pass_at_k: list[int] = setting(list, group="evaluation",
+                                   help="also report pass@k for this k (repeatable; at most --eval-samples): the unbiased "
+                                        "estimate over each problem's samples (Chen et al. 2021)")
+    show: int = setting(0, group="evaluation", ge=0, help="print this many sampled completions with their rewards")
     backend: Literal[GENERATION_BACKENDS] = same_as(SamplerConfig, "backend")  # type: ignore[valid-type]
     device: str = same_as(SamplerConfig, "device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = same_as(SamplerConfig, "dtype")
     seed: int = same_as(TrainingSettings, "seed")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
+
+    @model_validator(mode="after")
+    def _k_within_samples(self):
+        for k in self.pass_at_k:
+            if not 1 <= k <= self.eval_samples:
+                raise ValueError(f"--pass-at-k {k} needs 1 <= k <= --eval-samples ({self.eval_samples}): pass "
+                                 f"--eval-samples {max(k, 1)} or more")
+        return self
 
 
 class DemoConfig(TrainerConfig):

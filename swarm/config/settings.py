@@ -11,6 +11,7 @@ from pydantic import AfterValidator, field_validator, model_validator
 
 from swarm.config.base import Settings, setting
 from swarm.reporting import check_report_to
+from swarm.rewards import resolve_reward  # stdlib only at import: math-verify loads when a reward runs
 
 TRANSPORTS = ("hivemind", "grpc")  # swarm.fabric.transports implements exactly these
 GENERATION_BACKENDS = ("transformers", "vllm")  # swarm.generation.make_backend builds exactly these
@@ -259,6 +260,16 @@ class TaskSettings(Settings):
     system_prompt: Optional[str] = setting(None, group="task", help="dataset tasks: a system message before the prompt")
     apply_chat_template: bool = setting(True, group="task", help="dataset tasks: wrap prompts in the tokenizer's chat "
                                                                  "template when it has one (--no-apply-chat-template: plain text)")
+    max_prompt_length: Optional[int] = setting(
+        None, group="task", ge=1, help="cut longer prompts to their last this many tokens, as TRL does (from the left; "
+                                       "unset: no limit). Every peer of a run must use the same")
+    reward_funcs: list[str] = setting(
+        lambda: ["accuracy"], group="task",
+        help="the rewards summed into each completion's score (repeatable): accuracy (math-verify against the gold answer), "
+             "format (ends in one \\boxed{}), or a dotted path 'pkg.module:function' taking (completion, answer). "
+             "Every peer of a run must use the same: the learner rescores each group and refuses other rewards")
+    reward_weights: list[float] = setting(
+        list, group="task", help="one weight per --reward-funcs, in their order (repeatable; unset: 1 each)")
     stop_strings: list[str] = setting(list, group="task", aliases=("stop",),
                                       help="a completion ends at the first of these (repeatable); what follows is not scored")
 
@@ -288,6 +299,26 @@ class TaskSettings(Settings):
             raise ValueError("an empty stop string would end every completion at once; drop it")
         return stops
 
+    @field_validator("reward_funcs")
+    @classmethod
+    def _rewards_resolve(cls, names: list[str]) -> list[str]:
+        for name in names:
+            resolve_reward(name)  # an unknown name or a dotted path that does not import: said now, not mid-run
+        return names
+
+    @model_validator(mode="after")
+    def _a_weight_per_reward(self):
+        if not self.reward_funcs:
+            raise ValueError("--reward-funcs: at least one reward is needed, e.g. accuracy")
+        if self.reward_weights and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"--reward-weights: {len(self.reward_weights)} weight(s) for {len(self.reward_funcs)} "
+                             f"--reward-funcs ({', '.join(self.reward_funcs)}); give one weight per reward, in order")
+        return self
+
+    def reward_spec(self) -> list[tuple[str, float]]:
+        """(reward, weight) pairs, as swarm.rewards.RewardScorer takes them."""
+        return list(zip(self.reward_funcs, self.reward_weights or [1.0] * len(self.reward_funcs)))
+
     @model_validator(mode="after")
     def _options_fit_the_task(self):
         """An option the task ignores is a mistake to report, not to drop silently."""
@@ -304,10 +335,11 @@ class TaskSettings(Settings):
     def task_options(self) -> dict:
         """What `swarm.tasks.load_task` takes for this task: every peer's prompts, answers and stop strings."""
         if self.task == "arithmetic":
-            return {"difficulty": self.difficulty, "stop_strings": list(self.stop_strings)}
+            return {"difficulty": self.difficulty, "stop_strings": list(self.stop_strings),
+                    "max_prompt_length": self.max_prompt_length}
         return {name: getattr(self, name) for name in ("dataset_config", "question_column", "answer_column", "answer_pattern",
                                                        "prompt_template", "system_prompt", "apply_chat_template",
-                                                       "stop_strings")}
+                                                       "stop_strings", "max_prompt_length")}
 
 
 class ReportSettings(Settings):
@@ -345,6 +377,10 @@ class TrainingSettings(Settings):
     learning_rate: float = setting(1e-4, group="optimizer", aliases=("lr",), gt=0, help="AdamW learning rate")
     lr_warmup_steps: int = setting(5, group="optimizer", ge=0,
                                    help="linear learning-rate warm-up over the first versions (damps Adam's sign-like first steps)")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = setting(
+        "constant", group="optimizer",
+        help="learning rate after the warm-up, by version (transformers' get_scheduler): constant, or a linear or "
+             "cosine decay to 0 at --steps")
     max_grad_norm: float = setting(1.0, group="optimizer", ge=0, help="gradient clipping by global norm (0: off)")
     weight_decay: float = setting(0.0, group="optimizer", ge=0, help="AdamW weight decay")
     adam_beta1: float = setting(0.9, group="optimizer", ge=0, lt=1, help="AdamW beta1")

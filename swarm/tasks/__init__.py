@@ -15,12 +15,15 @@ from swarm.tasks.synthetic import ArithmeticTask
 BUILTIN_TASKS = ("arithmetic",)
 
 
-def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, stop_strings=(), **dataset_options) -> Task:
+def load_task(name_or_path: str, *, tokenizer=None, difficulty: int = 2, stop_strings=(), max_prompt_length: int | None = None,
+              **dataset_options) -> Task:
     """"arithmetic" (the built-in task), or a dataset id / local file or directory for `DatasetTask`."""
     if name_or_path == "arithmetic":
-        return ArithmeticTask(difficulty=difficulty, stop_strings=tuple(stop_strings))
+        return ArithmeticTask(difficulty=difficulty, stop_strings=tuple(stop_strings), max_prompt_length=max_prompt_length,
+                              tokenizer=tokenizer)
     if looks_local(name_or_path) or "/" in name_or_path:
-        return DatasetTask(name_or_path, tokenizer=tokenizer, stop_strings=tuple(stop_strings), **dataset_options)
+        return DatasetTask(name_or_path, tokenizer=tokenizer, stop_strings=tuple(stop_strings),
+                           max_prompt_length=max_prompt_length, **dataset_options)
     raise ValueError(
         f"unknown task {name_or_path!r}: use a built-in task ({', '.join(BUILTIN_TASKS)}), a local "
         f"{'/'.join(LOCAL_FORMATS)} file or a directory of them, or a dataset id like 'owner/name'"

@@ -22,11 +22,32 @@ def check_template(template: str) -> str:
     return template
 
 
+def truncate_prompt(prompt: str, tokenizer, max_prompt_length: int | None) -> str:
+    """`prompt` cut to its last `max_prompt_length` tokens, as TRL's GRPOTrainer cuts prompts (from the
+    left, decoded back to text with the special tokens kept); unchanged when it fits or no limit is
+    set. Special tokens the tokenizer adds by itself (a BOS) are not counted. Every peer builds its
+    prompts through this, so the learner checks what samplers generate from."""
+    if max_prompt_length is None:
+        return prompt
+    if tokenizer is None:
+        raise ValueError("--max-prompt-length counts the policy's tokens: it needs the policy's tokenizer")
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_prompt_length:
+        return prompt
+    return tokenizer.decode(ids[-max_prompt_length:], skip_special_tokens=False)
+
+
 def build_prompt(question: str, tokenizer=None, template: str = DEFAULT_TEMPLATE, *, system_prompt: str | None = None,
-                 apply_chat_template: bool = True) -> str:
+                 apply_chat_template: bool = True, max_prompt_length: int | None = None) -> str:
     """The text a policy sees: the template filled in, wrapped in the tokenizer's chat template
-    when it has one and `apply_chat_template` (instruction-tuned models expect it). Without a chat
-    template, a system prompt goes before the text, separated by a blank line."""
+    when it has one and `apply_chat_template` (instruction-tuned models expect it), then cut to
+    `max_prompt_length` tokens from the left (truncate_prompt). Without a chat template, a system
+    prompt goes before the text, separated by a blank line."""
+    return truncate_prompt(_full_prompt(question, tokenizer, template, system_prompt=system_prompt,
+                                        apply_chat_template=apply_chat_template), tokenizer, max_prompt_length)
+
+
+def _full_prompt(question: str, tokenizer, template: str, *, system_prompt: str | None, apply_chat_template: bool) -> str:
     text = check_template(template).replace(QUESTION_SLOT, question)
     if apply_chat_template and tokenizer is not None and getattr(tokenizer, "chat_template", None):
         messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [{"role": "user", "content": text}]

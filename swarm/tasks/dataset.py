@@ -32,6 +32,54 @@ HOLDOUT_PERCENT = 10
 HOLDOUT = "test"  # the part of a train split held out when the source has no test split
 
 
+def quiet_datasets():
+    """The `datasets` module with its progress bars and info logging off: a peer's or `swarm eval`'s
+    output is its own lines, not "Generating train split: 0 examples" on stderr."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def root_cause(exc: BaseException | None) -> str:
+    """The innermost message of an exception chain: datasets wraps a file's parse error in "An error
+    occurred while generating the dataset", which names neither the file's problem nor its place."""
+    messages = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if str(exc).strip():
+            messages.append(str(exc).strip())
+        exc = exc.__cause__ or exc.__context__
+    return messages[-1] if messages else "no reason given"
+
+
+JSONL_ROW = '{"question": "...", "answer": "..."}'
+
+
+def check_jsonl(path: Path) -> None:
+    """A .jsonl file must hold rows, one JSON object per line: say which line is not."""
+    import json
+
+    rows = 0
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"dataset file {path}, line {number}: not valid JSON ({exc}); each line of a .jsonl "
+                                 f"file must be one JSON object, like {JSONL_ROW}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"dataset file {path}, line {number}: a JSON {type(row).__name__}, not an object; each "
+                                 f"line of a .jsonl file must be one JSON object, like {JSONL_ROW}")
+            rows += 1
+    if rows == 0:
+        raise ValueError(f"dataset file {path} is empty: it holds no rows; write one JSON object per line, like {JSONL_ROW}")
+
+
 def looks_local(source: str) -> bool:
     return Path(source).suffix in LOCAL_FORMATS or source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
 
@@ -87,6 +135,7 @@ class DatasetTask:
     answer_pattern: str | None = None  # regex extracting the gold answer (e.g. "####\s*(.+)" for GSM8K)
     dataset_config: str | None = None  # hub dataset configuration (GSM8K: "main")
     stop_strings: tuple[str, ...] = ()  # completions are cut at the first of these before scoring
+    max_prompt_length: int | None = None  # prompts cut to their last this many tokens (truncate_prompt)
     tokenizer: object = None
     name: str = field(init=False, default="")
 
@@ -108,7 +157,7 @@ class DatasetTask:
         """The splits the source has ("train" for a single file)."""
         if self._single_file:
             return ["train"]
-        import datasets
+        datasets = quiet_datasets()
 
         self._check_reachable()
         try:
@@ -140,12 +189,12 @@ class DatasetTask:
 
     def _cannot_load(self, exc: Exception, split: str | None = None) -> str:
         what = ", ".join(f"{k} {v!r}" for k, v in (("config", self.dataset_config), ("split", split)) if v)
-        return (f"cannot load dataset {self.source!r}{f' ({what})' if what else ''}: {exc}. Give a local "
+        return (f"cannot load dataset {self.source!r}{f' ({what})' if what else ''}: {root_cause(exc)}. Give a local "
                 f"{'/'.join(LOCAL_FORMATS)} file or directory, or a dataset id reachable from this machine "
                 "(with --dataset-config where it has several)")
 
     def _read_split(self, split: str):
-        import datasets
+        datasets = quiet_datasets()
 
         if not self._single_file:
             try:
@@ -158,12 +207,16 @@ class DatasetTask:
         fmt = LOCAL_FORMATS.get(path.suffix)
         if fmt is None:
             raise ValueError(f"unsupported dataset file type {path.suffix!r} for {path}; use one of {', '.join(LOCAL_FORMATS)}")
+        if path.stat().st_size < 4096 and not path.read_bytes().strip():  # blank: nothing for datasets to name
+            raise ValueError(f"dataset file {path} is empty: it holds no rows")
+        if path.suffix == ".jsonl":
+            check_jsonl(path)
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:  # noqa: BLE001  datasets raises many types for a bad file
             if "no data" in str(exc):
                 raise ValueError(f"dataset {self.source!r} is empty") from exc
-            raise ValueError(f"cannot read dataset file {path} as {fmt}: {exc}") from exc
+            raise ValueError(f"cannot read dataset file {path} as {fmt}: {root_cause(exc)}") from exc
 
     # -- rows to problems
 
@@ -198,7 +251,7 @@ class DatasetTask:
 
     def _prompt(self, question: str) -> str:
         return build_prompt(question, self.tokenizer, self.prompt_template, system_prompt=self.system_prompt,
-                            apply_chat_template=self.apply_chat_template)
+                            apply_chat_template=self.apply_chat_template, max_prompt_length=self.max_prompt_length)
 
     def _select(self, split: str) -> tuple[list[Problem], int]:
         """The problems of `split` and how many of its rows had no gold answer."""

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from swarm.tasks.base import SPLITS, Problem
+from swarm.tasks.base import SPLITS, Problem, truncate_prompt
 
 SPLIT_SEEDS = {"train": 0, "test": 1}
 # distinct expressions each difficulty can produce (d >= 3: effectively unbounded)
@@ -49,6 +49,8 @@ class ArithmeticTask:
     difficulty: int = 2
     size: int = 2000
     stop_strings: tuple[str, ...] = ()  # completions are cut at the first of these before scoring
+    max_prompt_length: int | None = None  # prompts cut to their last this many tokens (truncate_prompt)
+    tokenizer: object = None  # needed only with max_prompt_length
     name: str = field(init=False, default="arithmetic")
     eval_split: str = field(init=False, default="test")  # held out by construction
 
@@ -76,7 +78,8 @@ class ArithmeticTask:
                     continue
                 seen.add(expr)
                 answer = str(eval(expr, {"__builtins__": {}}))  # our own digits and + - * only
-                out.append(Problem(f"arith-d{self.difficulty}-{expr}", expr, answer, arithmetic_prompt(expr)))
+                out.append(Problem(f"arith-d{self.difficulty}-{expr}", expr, answer,
+                                   truncate_prompt(arithmetic_prompt(expr), self.tokenizer, self.max_prompt_length)))
             splits[split] = out
         return splits
 

@@ -8,6 +8,8 @@
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
   const CHARTS = [
     {id: "reward", title: "Reward and accuracy", keys: ["reward_mean", "accuracy"]},
+    // every --eval-every versions only: its points are joined across the steps between
+    {id: "eval", title: "Held-out pass@1", keys: ["eval_pass_at_1"], joinGaps: true},
     {id: "loss", title: "Loss", keys: ["loss", "policy_loss"]},
     {id: "kl", title: "KL between sampler and learner", keys: ["kl_sampler_learner", "kl_learner_sampler", "kl_penalty"]},
     {id: "is_var", title: "Importance-weight variance", keys: ["is_weight_var"]},
@@ -129,7 +131,7 @@
 
   // --- line charts
 
-  function lineChart(id, title, xs, series, xLabel) {
+  function lineChart(id, title, xs, series, xLabel, joinGaps) {
     const W = 380, H = 190, L = 52, R = 10, T = 10, B = 30;
     const points = Math.max(0, ...series.map((s) => s.values.filter((v) => v !== null).length));
     const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, width: W, height: H, "data-chart": id, "data-points": points});
@@ -156,7 +158,7 @@
       let path = "";
       let pen = false;
       s.values.forEach((v, i) => {
-        if (v === null || xs[i] === null) { pen = false; return; }
+        if (v === null || xs[i] === null) { if (!joinGaps) pen = false; return; }
         path += `${pen ? "L" : "M"}${px(xs[i]).toFixed(1)},${py(v).toFixed(1)}`;
         pen = true;
       });
@@ -185,7 +187,8 @@
         const names = chart.keys ? chart.keys.filter((k) => byName.has(k))
           : steps.series.map((s) => s.name).filter((n) => chart.prefixes.some((p) => n.startsWith(p)));
         if (!names.length) continue;
-        charts.push(lineChart(chart.id, chart.title, steps.step, names.map((n) => ({name: n, values: byName.get(n)})), "learner step"));
+        charts.push(lineChart(chart.id, chart.title, steps.step, names.map((n) => ({name: n, values: byName.get(n)})), "learner step",
+                              chart.joinGaps));
       }
       const hist = steps.series.filter((s) => s.name.startsWith("staleness_hist/"));
       if (hist.length) charts.push(stalenessHistogram(steps.step, hist));

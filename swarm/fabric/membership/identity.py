@@ -32,7 +32,9 @@ def load_or_create_signing_key(path: Path):
             key.__setstate__({"_private_key": path.read_bytes()})
             return key
         except ValueError as exc:
-            raise ValueError(f"signing key file {path} is not a DER RSA private key ({exc}); move it away to make a new one") from exc
+            # never advise deleting it: a learner's key may be the run owner's, which samplers pin
+            raise ValueError(f"signing key file {path} is not a DER RSA private key ({exc}); restore it from a backup "
+                             "(a learner's key may be its run's owner key: a new one would not be trusted by the run)") from exc
     key = RSAPrivateKey()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -48,7 +50,15 @@ def load_existing_signing_key(path: Path):
     """The RSAPrivateKey in `path`, which must exist (a run owner's key is never made by accident)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no signing key at {path}; the first learner's ready.json names its owner_key_file")
-    return load_or_create_signing_key(path)
+    try:
+        return load_or_create_signing_key(path)
+    except PermissionError:
+        raise PermissionError(f"the run owner's key {path} cannot be read by this user: check its permissions and owner "
+                              "(it should be mode 0600, owned by you); keep the file, it is the run's authority") from None
+    except ValueError as exc:
+        raise ValueError(f"the run owner's key {path} is not a DER RSA private key ({exc.__cause__ or exc}): check that "
+                         "this is the owner_key_file the first learner's ready.json names, or restore it from your "
+                         "backup. Keep the file: the run's samplers trust only this key's certificates") from None
 
 
 _held_locks: list = []  # open lock files: the lock lasts as long as the process
