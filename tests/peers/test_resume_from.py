@@ -12,6 +12,7 @@ from peers.learner import check_run_dir
 from swarm.checkpoint import load_verified, save_checkpoint
 from swarm.config import LearnerConfig
 from swarm.fabric.weights.delta import state_hash
+from swarm.tied_weights import unique_state
 from swarm.model.loading import load_policy
 from swarm.training import LearnerCore
 
@@ -31,7 +32,7 @@ def run_a(tmp_path_factory):
     for version in (2, 4):
         with torch.no_grad():
             next(model.parameters()).add_(0.01)
-        digest = state_hash({k: v.detach() for k, v in model.state_dict().items()})
+        digest = state_hash(unique_state(model))
         save_checkpoint(run_dir, model, tokenizer, core.optimizer, version=version, digest=digest, config={})
     return run_dir
 
@@ -42,7 +43,7 @@ def test_resume_from_an_older_checkpoint_of_the_same_run(run_a):
     assert run_dir == run_a and chosen.version == 2  # not the newest (4)
     checkpoint, core, _ = load_verified(run_dir, build, chosen=chosen)
     assert checkpoint.version == 2
-    assert state_hash({k: v.detach() for k, v in core.model.state_dict().items()}) == chosen.hash
+    assert state_hash(unique_state(core.model)) == chosen.hash
 
 
 def test_resume_from_another_runs_checkpoint_needs_a_new_run_directory(run_a, tmp_path):
