@@ -101,6 +101,7 @@ MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's members
 SLOW_RATIO = 4.0
 SLOW_GRACE_S = 0.5  # a request's round trips and a loaded peer's stall
 MIN_RATED_BYTES = 1 << 16  # once a source has a rate, smaller chunks do not change it
+SLOW_FLOOR_S = 0.2  # a chunk that came in less time is no sign of a slow source (a round trip, a stall)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -483,7 +484,7 @@ class ChunkedFetch:
         with self._cond:
             self.rates[peer] = max(self.rates.get(peer, 0.0), rate)
         reference = self._reference()
-        if judged and reference and seconds > SLOW_GRACE_S and rate * SLOW_RATIO < reference:
+        if judged and reference and seconds > SLOW_FLOOR_S and rate * SLOW_RATIO < reference:
             self._slow_source(peer, f"{rate / 1e6:.2f} MB/s against the learner's {reference / 1e6:.2f} MB/s")
 
     def _slow_source(self, peer: str, why: str) -> None:
