@@ -99,9 +99,12 @@ MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's members
 # rest of the fetch (and shunned by the follower): a peer that took every chunk from the learner and
 # then served them slowly held a joining sampler to 0.1 of 3.3 MB in 28 s (issue 45)
 SLOW_RATIO = 4.0
-SLOW_GRACE_S = 0.5  # a request's round trips and a loaded peer's stall
+# a request's round trips and a loaded peer's stall; a chunk that came in less time is no sign of a
+# slow source. The cost of a slow source to a joining peer is about this (its first requests, all
+# at once, are given up together): 0.5 s put a 33.6 MB snapshot at 3.1x the honest swarm's time over
+# gRPC (0.31 s honest), 1.8x over hivemind (benchmarks/slow_holder.py)
+SLOW_GRACE_S = 0.2
 MIN_RATED_BYTES = 1 << 16  # once a source has a rate, smaller chunks do not change it
-SLOW_FLOOR_S = 0.2  # a chunk that came in less time is no sign of a slow source (a round trip, a stall)
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -484,7 +487,7 @@ class ChunkedFetch:
         with self._cond:
             self.rates[peer] = max(self.rates.get(peer, 0.0), rate)
         reference = self._reference()
-        if judged and reference and seconds > SLOW_FLOOR_S and rate * SLOW_RATIO < reference:
+        if judged and reference and seconds > SLOW_GRACE_S and rate * SLOW_RATIO < reference:
             self._slow_source(peer, f"{rate / 1e6:.2f} MB/s against the learner's {reference / 1e6:.2f} MB/s")
 
     def _slow_source(self, peer: str, why: str) -> None:
