@@ -38,6 +38,13 @@ done puts its whole-holder workers on the owners' chunks, so the last chunks hav
 flight. A whole holder that sent a chunk to a relaying peer already sends later requesters there
 (chunks.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
 plans that differ (adopted chunks, owners passed over) cost the learner about one copy all the same.
+
+Peers named by records and redirects are data, never trusted (issue 45): one whose id does not
+parse, or whose request raises anything at all, is struck and shunned, never raising out of the
+fetch; whole holders other than the learner, and the peers a holder redirects to, are judged by
+their delivery rate against the learner's (SLOW_RATIO): too slow, they are given up on within a
+bounded time and struck, and the chunk comes from the holder. A holder sends one requester to one
+taker for at most half a payload's chunks (chunks.REDIRECT_SHARE), whatever the requester does.
 """
 
 from __future__ import annotations
