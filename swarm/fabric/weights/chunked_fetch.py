@@ -214,6 +214,7 @@ class ChunkedFetch:
         self._busy_in_a_row: Counter[str] = Counter()  # since the peer last delivered a chunk
         self.rates: dict[str, float] = {}  # the best delivery rate of each source (bytes per second)
         self.slow: set[str] = set()  # sources struck for delivering too slowly
+        self._on_trial: set[str] = set()  # redirect targets with no rate yet and a request in flight
         self._progress = time.monotonic()  # when the last chunk was kept
         self._cond = threading.Condition()
         self._from_whole: deque[int] = deque()
@@ -523,8 +524,19 @@ class ChunkedFetch:
         target failed, is gone, too slow, is this peer, or kept saying busy)."""
         with self._cond:
             self.redirected += 1
-        if target != self.me and target not in self._dead:
-            got = self._try(target, index, REDIRECT_WAIT_S, force=True, judged=True)
+            # a target not rated yet gets one request at a time: while it is on trial, the other
+            # workers' chunks come from the holder (a slow one costs one request's wait, not every worker's)
+            trial = target not in self.rates
+            ask = target != self.me and target not in self._dead and not (trial and target in self._on_trial)
+            if ask and trial:
+                self._on_trial.add(target)
+        if ask:
+            try:
+                got = self._try(target, index, REDIRECT_WAIT_S, force=True, judged=True)
+            finally:
+                if trial:
+                    with self._cond:
+                        self._on_trial.discard(target)
             if got is True:
                 return True
             if got is None and self._busy_in_a_row[target] <= OWNER_BUSY:
