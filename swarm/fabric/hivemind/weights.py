@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Callable
@@ -48,6 +50,14 @@ logger = logging.getLogger(__name__)
 
 
 RECEIVE_PIECE_BYTES = 1 << 20  # a whole payload is read in pieces of this size when its progress is followed
+# Manifest and chunk requests that say `keep` are answered on a stream kept open for the next one
+# (the answer's header says `kept`): each new stream costs both p2p daemons a socket, a libp2p
+# stream and its protocol negotiation, once per 1 MiB chunk before (issue 44). A server that does
+# not know `keep` answers once and closes, and the client opens a new stream each time, as before.
+KEEP_IDLE_S = 10.0  # a kept stream with no request for this long is closed by its server
+POOL_IDLE_S = 5.0  # ... and not used again by its client after this long (well before the server closes it)
+POOLED_PER_PEER = 16  # kept streams per peer (a fetch asks one peer up to SHARED_WORKERS chunks at once)
+POOLED_PEERS = 64  # peers with kept streams (the least recently used are closed beyond)
 
 
 def handler_name(run_id: str) -> str:
@@ -83,9 +93,9 @@ class WeightServer:
                 if isinstance(request, dict) and request.get("op") == PUSH_OP:  # a learner's announcement
                     await P2P.send_raw_data(msgpack.packb(await self._push_answer(request)), writer)
                     return
-                if isinstance(request, dict) and "op" in request:  # a manifest or a chunk
+                if isinstance(request, dict) and "op" in request:  # a manifest or a chunk (more, when kept)
                     try:
-                        sent = await self._chunk(request, writer, str(stream_info.peer_id))
+                        sent = await self._chunks(request, reader, writer, str(stream_info.peer_id))
                     except ChunkCutOff as exc:  # cut at once: the requester asks again
                         logger.debug("chunk passed on to %s cut off: %s", stream_info.peer_id, exc)
                         writer.close()
@@ -136,8 +146,38 @@ class WeightServer:
         finally:
             self._pending_pushes -= 1
 
-    async def _chunk(self, request: dict, writer, peer: str) -> int:
-        """Answers a manifest or chunk request; returns the payload bytes sent."""
+    async def _chunks(self, request: dict, reader, writer, peer: str) -> int:
+        """Answers a manifest or chunk request and, while the requester says `keep`, the next ones
+        on the same stream (until it closes its end, sends anything else, or idles KEEP_IDLE_S);
+        returns the payload bytes sent."""
+        sent = 0
+        while True:
+            keep = request.get("keep") is True
+            sent += await self._chunk(request, writer, peer, keep)
+            if not keep:
+                return sent
+            try:
+                head = await asyncio.wait_for(reader.readexactly(P2P.HEADER_LEN), KEEP_IDLE_S)
+            except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                return sent  # the requester closed its end, or left the stream idle
+            size = int.from_bytes(head, P2P.BYTEORDER)
+            if size > WEIGHT_REQUEST_LIMIT:
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": f"a weight request of {size} bytes",
+                                                       "count": 0}), writer)
+                return sent
+            try:
+                request = msgpack.unpackb(await asyncio.wait_for(reader.readexactly(size), 30), raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                request = {"op": None, "why": f"{type(exc).__name__}"}
+            if not isinstance(request, dict) or request.get("op") not in ("manifest", "chunk"):
+                # only chunk requests follow on a kept stream: anything else is answered and ends it
+                await P2P.send_raw_data(msgpack.packb({"ok": False, "reason": "a kept stream carries manifest and chunk "
+                                                       "requests only", "count": 0}), writer)
+                return sent
+
+    async def _chunk(self, request: dict, writer, peer: str, keep: bool = False) -> int:
+        """Answers a manifest or chunk request; returns the payload bytes sent. `keep`: the header
+        says `kept` (the stream stays open for the requester's next one)."""
 
         # the lookup may wait for a chunk on its way: on a thread. The slot is taken here, in this
         # coroutine's own step: a slot taken on a thread for a request cancelled meanwhile would leak
@@ -150,6 +190,8 @@ class WeightServer:
         if slot and (redirect := claim_chunk(self.store.book, request, peer)) is not None:
             self.slots.release(share)
             header, data, slot = redirect, None, False
+        if keep:
+            header = {**header, "kept": True}
         if data is None:
             await P2P.send_raw_data(msgpack.packb(header), writer)
             return 0
@@ -188,6 +230,8 @@ class WeightClient(RebuildingClient):
     def __init__(self, dht, run_id: str, *, timeout_s: float = 120.0, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self.timeout_s, self.max_payload_bytes = timeout_s, max_payload_bytes
         self._client = StreamClient(dht, handler_name(run_id), thread_name="weight-client")
+        self._kept = KeptStreams()
+        self.streams_opened = 0  # new streams, for chunk requests (kept ones are used again)
 
     def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
         return self._client.run(self._request(holder, {"have": have, "want": want}, have, want), timeout=self.timeout_s)
@@ -237,25 +281,95 @@ class WeightClient(RebuildingClient):
                 # left: the next request to it will fail)
                 raise ChunkCutOff(f"holder {peer_id} cut the chunk off ({type(exc).__name__})") from exc
 
-        reader, writer = await self._client.open(peer_id)
+        keep = single is not None and request.get("op") in ("manifest", "chunk")
+        header, reused = None, False
+        if keep:
+            request = {**request, "keep": True}
+            stream = self._kept.take(str(peer_id))
+            if stream is not None:
+                reader, writer = stream
+                reused = True
+                try:
+                    await P2P.send_raw_data(msgpack.packb(request), writer)
+                    raw_header = await receive(HEADER_LIMIT)
+                except (asyncio.IncompleteReadError, ConnectionError):  # its server closed it meanwhile: a new one
+                    writer.close()
+                    reused = False
+                except BaseException:
+                    writer.close()
+                    raise
+        if not reused:
+            reader, writer = await self._client.open(peer_id)
+            self.streams_opened += keep
+        done = False
         try:
-            await P2P.send_raw_data(msgpack.packb(request), writer)
+            if not reused:
+                await P2P.send_raw_data(msgpack.packb(request), writer)
+                raw_header = await receive(HEADER_LIMIT)
             try:
-                header = msgpack.unpackb(await receive(HEADER_LIMIT), raw=False)
+                header = msgpack.unpackb(raw_header, raw=False)
             except (ValueError, msgpack.UnpackException) as exc:
                 raise CorruptVersion(f"holder {peer_id} sent an unreadable header: {exc}") from exc
             if not isinstance(header, dict):
                 raise CorruptVersion(f"holder {peer_id} sent a malformed header")
+            if header.get("ok") is not True:
+                done = True  # a refusal, a redirect, busy: the answer is whole (its stream may be kept)
             refuse_unless_ok(header, peer_id, want)
             if single is not None:
                 check_payload_count(header.get("count"), None, want, peer_id)
-                return [await receive(single, sink, FORWARD_PIECE_BYTES, cut_off=request.get("op") == "chunk")]
+                answer = [await receive(single, sink, FORWARD_PIECE_BYTES, cut_off=request.get("op") == "chunk")]
+                done = True
+                return answer
             count = check_payload_count(header.get("count"), have, want, peer_id)
             heard = self.on_received
             counted = None if heard is None else (lambda part: heard(len(part)))
             return [await receive(self.max_payload_bytes, counted) for _ in range(count)]
         finally:
-            writer.close()
+            if keep and done and header.get("kept") is True and asyncio.current_task() is not None \
+                    and not asyncio.current_task().cancelling():
+                self._kept.put(str(peer_id), (reader, writer))
+            else:
+                writer.close()
 
     def close(self) -> None:
+        try:
+            self._client.run(self._kept.close_all(), timeout=5)
+        except Exception:  # noqa: BLE001  the loop may be gone already
+            pass
         self._client.close()
+
+
+class KeptStreams:
+    """Streams to other peers' weight servers kept open for the next chunk request (used from the
+    client's loop thread only): at most POOLED_PER_PEER per peer, POOLED_PEERS peers, each used again
+    for POOL_IDLE_S after its last answer."""
+
+    def __init__(self) -> None:
+        self._streams: OrderedDict[str, list[tuple[float, object, object]]] = OrderedDict()
+
+    def take(self, peer: str):
+        streams = self._streams.get(peer)
+        now = time.monotonic()
+        while streams:
+            kept_at, reader, writer = streams.pop()
+            if now - kept_at < POOL_IDLE_S and not reader.at_eof():
+                return reader, writer
+            writer.close()
+        return None
+
+    def put(self, peer: str, stream) -> None:
+        streams = self._streams.setdefault(peer, [])
+        self._streams.move_to_end(peer)
+        if len(streams) >= POOLED_PER_PEER:
+            stream[1].close()
+            return
+        streams.append((time.monotonic(), *stream))
+        while len(self._streams) > POOLED_PEERS:
+            for _, _, writer in self._streams.popitem(last=False)[1]:
+                writer.close()
+
+    async def close_all(self) -> None:
+        for streams in self._streams.values():
+            for _, _, writer in streams:
+                writer.close()
+        self._streams.clear()

@@ -6,6 +6,7 @@ hivemind/records.py; over gRPC: the registry).
 """
 
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
@@ -98,6 +99,41 @@ class MemberRecord(BaseModel):
     # the seconds since its last step (or since it started, before the first), at `time`
     step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
     since_step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+
+
+# A peer id a record may name, where it is read to be dialled (a fetch's holders, a chain's
+# sharers): a libp2p id in base58, or a gRPC peer's `KEYID@host:port` (a bare `host:port` too).
+# Records are data: one naming anything else is skipped there, never dialled (a hivemind client
+# raised ValueError on an id that is not base58, out of every sampler's fetch: issue 45)
+_BASE58_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{1,%d}" % 128)
+_GRPC_ID = re.compile(r"(?:[0-9a-f]{16}@)?(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9.-]{1,100}):[0-9]{1,5}")
+
+
+def dialable_peer_id(peer_id) -> bool:
+    """Whether `peer_id` (read from a record or an announcement) has the form of a peer id either
+    transport can dial: what a fetch may ask. Nothing is looked up."""
+    if not isinstance(peer_id, str) or len(peer_id) > 128:
+        return False
+    if _BASE58_ID.fullmatch(peer_id):
+        return True
+    match = _GRPC_ID.fullmatch(peer_id)
+    return match is not None and 0 < int(peer_id.rpartition(":")[2]) < 65536
+
+
+def believable_holds(record, newest: int | None = None) -> frozenset[int] | None:
+    """The versions a record lists as held that a fetch may believe, or None: the record is not to
+    be used at all (its peer id cannot be dialled, or it lists a version past `newest`, the newest
+    one announced: a record claiming versions not out yet lies about every one). The schema bounds
+    the list already (MAX_HOLDS_LISTED non-negative ints); it is bounded again here, as read."""
+    holds = getattr(record, "holds", None)
+    if not dialable_peer_id(getattr(record, "peer_id", None)) or not isinstance(holds, (list, tuple)):
+        return None
+    listed = holds[:MAX_HOLDS_LISTED]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in listed):
+        return None
+    if newest is not None and any(v > newest for v in listed):
+        return None
+    return frozenset(listed)
 
 
 def members_key(run_id: str) -> str:

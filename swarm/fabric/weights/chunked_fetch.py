@@ -38,6 +38,13 @@ done puts its whole-holder workers on the owners' chunks, so the last chunks hav
 flight. A whole holder that sent a chunk to a relaying peer already sends later requesters there
 (chunks.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
 plans that differ (adopted chunks, owners passed over) cost the learner about one copy all the same.
+
+Peers named by records and redirects are data, never trusted (issue 45): one whose id does not
+parse, or whose request raises anything at all, is struck and shunned, never raising out of the
+fetch; whole holders other than the learner, and the peers a holder redirects to, are judged by
+their delivery rate against the learner's (SLOW_RATIO): too slow, they are given up on within a
+bounded time and struck, and the chunk comes from the holder. A holder sends one requester to one
+taker for at most half a payload's chunks (chunks.REDIRECT_SHARE), whatever the requester does.
 """
 
 from __future__ import annotations
@@ -52,7 +59,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from swarm.fabric.membership.link_judge import LinkJudge
-from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected
+from swarm.fabric.membership.records import believable_holds, dialable_peer_id
+from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected, answer_limit
 from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.versions import send_deadline
@@ -90,6 +98,20 @@ STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version i
 # holder a moment ago, or is taking it now)
 REDIRECT_WAIT_S = 4.0
 MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's membership lookup (then names no sharers)
+# Sources that hold a chunk (relays holding the whole payload, and the peers a whole holder
+# redirects to) are judged by their delivery rate against the best whole holder's in this fetch
+# (the learner's, as a rule: until it is known, the learner is asked first, with `force`). A request
+# to such a source is given up after SLOW_GRACE_S plus SLOW_RATIO times the chunk's time at that
+# rate, and a source that delivers below 1/SLOW_RATIO of it, or not in that time, is struck for the
+# rest of the fetch (and shunned by the follower): a peer that took every chunk from the learner and
+# then served them slowly held a joining sampler to 0.1 of 3.3 MB in 28 s (issue 45)
+SLOW_RATIO = 4.0
+# a request's round trips and a loaded peer's stall; a chunk that came in less time is no sign of a
+# slow source. The cost of a slow source to a joining peer is about this (its first requests, all
+# at once, are given up together): 0.5 s put a 33.6 MB snapshot at 3.1x the honest swarm's time over
+# gRPC (0.31 s honest), 1.8x over hivemind (benchmarks/slow_holder.py)
+SLOW_GRACE_S = 0.2
+MIN_RATED_BYTES = 1 << 16  # once a source has a rate, smaller chunks do not change it
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -111,9 +133,10 @@ def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool)
     found = set()
     for member in members:
         record = member.record
-        if record.role != "sampler" or not record.relay or record.peer_id == me or spec.version in record.holds:
+        holds = believable_holds(record, spec.version)  # records are data: a malformed or lying one is skipped
+        if holds is None or record.role != "sampler" or record.relay is not True or record.peer_id == me or spec.version in holds:
             continue
-        newest = max(record.holds) if record.holds else None
+        newest = max(holds) if holds else None
         if (newest == spec.version - 1) if spec.kind == "delta" else newest is None:
             found.add(record.peer_id)
     if me_relays:
@@ -189,6 +212,9 @@ class ChunkedFetch:
         self._failures: Counter[str] = Counter()
         self._busy_answers: Counter[str] = Counter()
         self._busy_in_a_row: Counter[str] = Counter()  # since the peer last delivered a chunk
+        self.rates: dict[str, float] = {}  # the best delivery rate of each source (bytes per second)
+        self.slow: set[str] = set()  # sources struck for delivering too slowly
+        self._on_trial: set[str] = set()  # redirect targets with no rate yet and a request in flight
         self._progress = time.monotonic()  # when the last chunk was kept
         self._cond = threading.Condition()
         self._from_whole: deque[int] = deque()
@@ -270,7 +296,7 @@ class ChunkedFetch:
         loaded whole holder may time out once (as for chunks: WHOLE_FAILURES), and with the learner
         the only one, that would fail the whole fetch. A sharer that failed in the first round is not
         asked again (a gone one would cost a second time-out before any chunk is asked for)."""
-        ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me]]
+        ask = [(peer, None) for peer in self.whole + [p for p in self.sharers if p != self.me] if dialable_peer_id(peer)]
         asked = [(self.whole[-1], self._asked_manifest)] if self._asked_manifest is not None and self.whole else []
         for again, round_ in enumerate((asked + ask, ask)):
             if again:
@@ -296,6 +322,8 @@ class ChunkedFetch:
             logger.debug("no manifest of %s %d from %s: %s", self.spec.kind, self.spec.version, peer, exc)
         except self.unreachable + (TimeoutError,) as exc:
             self._gone(peer, exc)
+        except Exception as exc:  # noqa: BLE001  an id that does not parse, an answer the client cannot take
+            self._unusable(peer, exc)
         return None
 
     def _alive(self) -> list[str]:
@@ -371,10 +399,45 @@ class ChunkedFetch:
         relays = [p for p in self.whole[:-1] if p not in self._dead]
         self.rng.shuffle(relays)  # in a random order each time: the load spreads
         learner = [p for p in self.whole[-1:] if p not in self._dead]
-        return any(self._try(peer, index, 0.0) is True for peer in relays + learner)
+        if learner and self._reference() is None:
+            # no rate to judge relays (and the peers it redirects to) by yet: the learner first,
+            # with `force`, so that its rate is known (a chunk or two of one copy)
+            return any(self._try(peer, index, 0.0, force=peer in learner) is True for peer in learner + relays)
+        return any(self._try(peer, index, 0.0, judged=peer not in learner) is True for peer in relays + learner)
 
-    def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False) -> bool | None:
-        """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed."""
+    def _reference(self) -> float | None:
+        """The best delivery rate of a whole holder not judged itself (the learner) in this fetch."""
+        with self._cond:
+            return self.rates.get(self.whole[-1]) if self.whole else None
+
+    def _judge_deadline(self, size: int) -> float | None:
+        """How long a judged source may take for a chunk of `size` bytes (None: no rate known yet)."""
+        reference = self._reference()
+        return None if not reference else SLOW_GRACE_S + SLOW_RATIO * size / reference
+
+    def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False, judged: bool = False) -> bool | None:
+        """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed.
+        `judged`: `peer` is a source judged by its rate (SLOW_RATIO): too slow, it is struck."""
+        if not dialable_peer_id(peer):  # a holder named by a record or a redirect: data, never trusted
+            self._unusable(peer, ValueError(f"{str(peer)[:64]!r} is not a peer id"))
+            return False
+        size = answer_limit(self.spec, index)
+        limit = self._judge_deadline(size) if judged else None
+        started = time.monotonic()
+        try:
+            return self._try_once(peer, index, wait_s, force=force, limit=limit, started=started)
+        except self.unreachable as exc:
+            if limit is not None and time.monotonic() - started >= 0.9 * limit:
+                self._slow_source(peer, f"no chunk of {size} bytes in {limit:.2f}s ({type(exc).__name__})")
+            else:
+                self._gone(peer, exc)
+            return False
+        except Exception as exc:  # noqa: BLE001  whatever a source does, it never raises out of a fetch
+            self._unusable(peer, exc)
+            return False
+
+    def _try_once(self, peer: str, index: int, wait_s: float, *, force: bool, limit: float | None,
+                  started: float) -> bool | None:
         # a relaying peer passes a chunk from a whole holder or its chain's upstream on while it
         # arrives (peers may be waiting for it here); one from a stripe's owner only once it is here:
         # two sharers that each take the other for its owner would otherwise each wait to pass on
@@ -382,8 +445,12 @@ class ChunkedFetch:
         passes_on = peer in self.whole or self.chain and peer == self.upstream()
         sink = self.partial.receiving(index) if self.relays and passes_on else None
         try:
-            return self._keep(peer, index, self.client.piece(peer, self.spec, index, wait_s, force=force,
-                                                             relays=self.relays, sink=sink))
+            data = self.client.piece(peer, self.spec, index, wait_s, force=force, relays=self.relays, sink=sink,
+                                     timeout_s=limit)
+            if not self._keep(peer, index, data):
+                return False
+            self._rated(peer, len(data), time.monotonic() - started, judged=limit is not None)
+            return True
         except Redirected as exc:
             if sink is not None:  # the chunk comes through another request now: that one passes it on
                 self.partial.received(index)
@@ -402,9 +469,6 @@ class ChunkedFetch:
             if peer not in self.whole and self._misses[peer] >= OWNER_MISSES or peer in self.whole:
                 self._dead.add(peer)
             return False
-        except self.unreachable as exc:
-            self._gone(peer, exc)
-            return False
         finally:
             if sink is not None:
                 self.partial.received(index)
@@ -422,14 +486,57 @@ class ChunkedFetch:
             self.on_chunk(len(data))
         return True
 
+    def _rated(self, peer: str, size: int, seconds: float, *, judged: bool) -> None:
+        """A chunk of `size` bytes from `peer` took `seconds`: its best rate so far; a judged source
+        far slower than the reference is struck (its chunk is kept: it verified)."""
+        if size < MIN_RATED_BYTES and peer in self.rates:
+            return  # a small chunk's round trip says more of the request than of the link
+        rate = size / max(seconds, 1e-6)
+        with self._cond:
+            self.rates[peer] = max(self.rates.get(peer, 0.0), rate)
+        reference = self._reference()
+        if judged and reference and seconds > SLOW_GRACE_S and rate * SLOW_RATIO < reference:
+            self._slow_source(peer, f"{rate / 1e6:.2f} MB/s against the learner's {reference / 1e6:.2f} MB/s")
+
+    def _slow_source(self, peer: str, why: str) -> None:
+        logger.warning("peer %s delivers chunks of %s %d too slowly (%s): not asked again in this fetch", peer,
+                       self.spec.kind, self.spec.version, why)
+        with self._cond:
+            self.slow.add(peer)
+            self._dead.add(peer)
+        if self.on_unreachable is not None:
+            self.on_unreachable(peer, TimeoutError(f"too slow: {why}"))
+
+    def _unusable(self, peer: str, exc: BaseException) -> None:
+        """`peer` cannot be asked at all (an id that does not parse, an answer the client could not
+        take): passed over at once, and shunned, whatever it raised."""
+        logger.warning("peer %s cannot serve chunks of %s %d: %s: %s", str(peer)[:64], self.spec.kind, self.spec.version,
+                       type(exc).__name__, exc)
+        with self._cond:
+            self._failures[peer] += 1
+            self._dead.add(peer)
+        if self.on_unreachable is not None:
+            self.on_unreachable(peer, exc)
+
     def _redirected(self, holder: str, target: str, index: int) -> bool | None:
         """`holder` sent chunk `index` to `target` already: from `target` (asked with `force`, so
-        that redirects do not chain), else from `holder` with `force` (the target failed, is gone,
-        is this peer, or kept saying busy)."""
+        that redirects do not chain; judged by its rate), else from `holder` with `force` (the
+        target failed, is gone, too slow, is this peer, or kept saying busy)."""
         with self._cond:
             self.redirected += 1
-        if target != self.me and target not in self._dead:
-            got = self._try(target, index, REDIRECT_WAIT_S, force=True)
+            # a target not rated yet gets one request at a time: while it is on trial, the other
+            # workers' chunks come from the holder (a slow one costs one request's wait, not every worker's)
+            trial = target not in self.rates
+            ask = target != self.me and target not in self._dead and not (trial and target in self._on_trial)
+            if ask and trial:
+                self._on_trial.add(target)
+        if ask:
+            try:
+                got = self._try(target, index, REDIRECT_WAIT_S, force=True, judged=True)
+            finally:
+                if trial:
+                    with self._cond:
+                        self._on_trial.discard(target)
             if got is True:
                 return True
             if got is None and self._busy_in_a_row[target] <= OWNER_BUSY:

@@ -65,6 +65,12 @@ MAX_WAITERS = 32
 REDIRECT_S = 30.0
 MAX_PEER_ID_CHARS = 128  # as membership records bound them
 MAX_TAKEN_PAYLOADS = 4  # payloads whose takers are remembered (a version's delta and snapshot, the last two)
+# the share of a payload's chunks one requester is sent to one taker for: a peer that took every
+# chunk (and serves them slowly, or not at all) holds no requester's whole payload, whatever that
+# requester's own judging does (chunked_fetch.SLOW_RATIO); past it, the holder sends the chunk itself
+REDIRECT_SHARE = 0.5
+MIN_REDIRECTS = 2  # ... but at least this many chunks (a small payload's few chunks)
+MAX_REQUESTERS_KEPT = 1024  # requesters whose redirects are counted, per payload (least recent dropped)
 # a chunk arriving here is read (and passed on) in pieces of this size: small enough that the pieces
 # follow each other closely (5 ms at 50 Mbit/s), large enough that each costs little CPU
 FORWARD_PIECE_BYTES = 1 << 15
@@ -291,29 +297,43 @@ class Takers:
 
     def __init__(self) -> None:
         self._taken: OrderedDict[tuple[str, int, str], dict[int, tuple[str, float]]] = OrderedDict()
+        # per payload: requester -> how many of its requests went to each taker (REDIRECT_SHARE)
+        self._sent: dict[tuple[str, int, str], OrderedDict[str, dict[str, int]]] = {}
         self._lock = threading.Lock()
         self.redirected = 0  # requests sent to an earlier taker
+        self.capped = 0  # requests sent here, not to a taker, as the requester had its share of that taker
 
     def taken(self, key: tuple[str, int, str]) -> int:
         """How many chunks of payload `key` went to a relaying peer (as far as remembered)."""
         with self._lock:
             return len(self._taken.get(key, ()))
 
-    def claim(self, key: tuple[str, int, str], index: int, taker: str, *, relays: bool, force: bool) -> str | None:
+    def claim(self, key: tuple[str, int, str], index: int, taker: str, *, relays: bool, force: bool,
+              count: int = 0) -> str | None:
         """The peer to send `taker` to for chunk `index` of payload `key` (kind, version, root), or
         None: send it here, and `taker` (if it relays) becomes the chunk's taker, in the same step:
-        two requests for the same chunk never both pass."""
+        two requests for the same chunk never both pass. A requester is sent to one taker for at
+        most REDIRECT_SHARE of the payload's `count` chunks."""
         with self._lock:
             found = self._taken.get(key, {}).get(index)
             now = time.monotonic()
             if not force and found is not None and found[0] != taker and now - found[1] <= REDIRECT_S:
-                self.redirected += 1
-                return found[0]
+                requesters = self._sent.setdefault(key, OrderedDict())
+                sent = requesters.get(taker, {})
+                if sent.get(found[0], 0) < max(MIN_REDIRECTS, int(count * REDIRECT_SHARE)):
+                    requesters[taker] = sent
+                    requesters.move_to_end(taker)
+                    sent[found[0]] = sent.get(found[0], 0) + 1
+                    while len(requesters) > MAX_REQUESTERS_KEPT:
+                        requesters.popitem(last=False)
+                    self.redirected += 1
+                    return found[0]
+                self.capped += 1
             if relays and taker:
                 self._taken.setdefault(key, {})[index] = (taker, now)
                 self._taken.move_to_end(key)
                 while len(self._taken) > MAX_TAKEN_PAYLOADS:
-                    self._taken.popitem(last=False)
+                    self._sent.pop(self._taken.popitem(last=False)[0], None)
             return None
 
 
@@ -503,8 +523,9 @@ def claim_chunk(book: ChunkBook, request: dict, taker: str, *, take: bool = True
     kind, version, root, index = request["kind"], request["version"], request["root"], request["index"]
     if not book.holds_whole(kind, version, root):
         return None
+    spec = book.cached_spec(kind, version)
     target = book.takers.claim((kind, version, root), index, taker, relays=take and request.get("relays", False),
-                               force=request.get("force", False))
+                               force=request.get("force", False), count=spec.count if spec is not None else 0)
     return None if target is None else redirect_reply(target)
 
 

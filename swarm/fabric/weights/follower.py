@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
 from swarm.config.learner_keys import encode_learner_key
+from swarm.fabric.membership.records import believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
 from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
@@ -51,13 +52,15 @@ NUDGE_GAP_S = 0.05  # a nudged look at the announcements comes at least this lon
 
 
 def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
-                shunned: Callable[[str], bool] = lambda peer: False) -> list[str]:
+                shunned: Callable[[str], bool] = lambda peer: False, newest: int | None = None) -> list[str]:
     """The peers to fetch an announced version from, in the order to try them: up to
     MAX_RELAYS_TRIED other members that hold it, drawn at random (spreading the load), then the
-    learner that announced it."""
+    learner that announced it, always. A record is believed only as far as `believable_holds` goes
+    (`newest`: the newest version announced, the announcement's by default): one naming a peer id
+    that cannot be dialled, or versions not out yet, names no holder."""
     relays = sorted({m.record.peer_id for m in members
-                     if announcement.version in m.record.holds and m.record.peer_id not in (me, announcement.peer_id)
-                     and not shunned(m.record.peer_id)})
+                     if announcement.version in (believable_holds(m.record, announcement.version if newest is None else newest) or ())
+                     and m.record.peer_id not in (me, announcement.peer_id) and not shunned(m.record.peer_id)})
     (rng or random).shuffle(relays)
     return relays[:MAX_RELAYS_TRIED] + [announcement.peer_id]
 
@@ -88,8 +91,10 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
         except KeyError as exc:  # it does not hold the version (any more): try the next
             logger.info("holder %s could not serve version %d: %s", holder, want, exc)
             failure = exc
-        except unreachable as exc:  # fault-tolerance boundary: gone, or a transfer cut: try the next
-            logger.info("holder %s could not serve version %d: %s: %s", holder, want, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: gone, a transfer cut, an id that
+            # does not parse (a record is data): whatever one holder raises, the next (the learner last) is asked
+            log = logger.info if isinstance(exc, unreachable) else logger.warning
+            log("holder %s could not serve version %d: %s: %s", str(holder)[:64], want, type(exc).__name__, exc)
             if on_unreachable is not None:
                 on_unreachable(holder, exc)
             failure = exc
@@ -245,7 +250,8 @@ class VersionFollower:
             mine = self.store.latest if self.store.latest is not None else -1
             for version in sorted((v for v in ann.recent if v > mine), reverse=True):
                 older = Announced(version, ann.recent[version], ann.peer_id, ann.sampling)
-                relays = holders_for(older, listed, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)[:-1]
+                relays = holders_for(older, listed, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned,
+                                     newest=ann.version)[:-1]
                 if relays:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
                                               on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
@@ -271,15 +277,15 @@ class VersionFollower:
         fails: the caller fetches the version whole."""
         latest, kind = self.store.latest, spec.kind
         me = self.fabric.peer_id
-        relays = sorted({m.record.peer_id for m in members if ann.version in m.record.holds
-                         and m.record.peer_id not in (me, ann.peer_id) and not self._is_shunned(m.record.peer_id)})
+        relays = holders_for(ann, members, me=me, rng=self.rng, shunned=self._is_shunned)[:-1]
         # every peer deals the stripes out among the same sharers, shunned ones included (dropping one
         # here would move nearly every chunk to another owner in this peer's plan alone). Those that
         # sent corrupt data are not asked: their stripes come from whole holders. One that failed to
         # answer lately (a stream reset or time-out on a loaded peer) is asked again: the fetch
         # passes it over at its second failure (SHARER_FAILURES), and otherwise the learner would send its stripe again
         # in the learner's order (a chain's: slow links last), the same list at every sampler; else sorted
-        sharers = list(dict.fromkeys(named)) if named is not None else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
+        sharers = ([p for p in dict.fromkeys(named) if dialable_peer_id(p)] if named is not None
+                   else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable))
         avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)

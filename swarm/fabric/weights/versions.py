@@ -259,17 +259,19 @@ class RebuildingClient:
         raise NotImplementedError
 
     def piece(self, holder, spec: ChunkSpec, index: int | None, wait_s: float = 0.0, *, force: bool = False,
-              relays: bool = False, sink: Callable[[bytes], None] | None = None) -> bytes:
+              relays: bool = False, sink: Callable[[bytes], None] | None = None, timeout_s: float | None = None) -> bytes:
         """The manifest (index None) or chunk `index` of `spec`'s payload from `holder`, of exactly
         the size it must have and not verified yet (the caller checks it against the spec).
         KeyError: not held there (Redirected: it sent the chunk to another peer, unless `force`);
         HolderBusy: no upload slot (ChunkCutOff: the holder passed the chunk on as it arrived there,
         and it did not arrive whole); CorruptVersion: a malformed answer. `relays`: this peer serves
         the chunk on, so the holder may send other requesters here; `sink`: hears the chunk's bytes
-        as they arrive (Partial.receiving)."""
+        as they arrive (Partial.receiving); `timeout_s`: a shorter limit on the whole answer than the
+        one any holder gets (a source judged by its rate: chunked_fetch)."""
         size = answer_limit(spec, index)
+        timeout = wait_s + send_deadline(size)
         data = self._single(holder, chunk_request(spec, index, wait_s, force=force, relays=relays), size,
-                            wait_s + send_deadline(size), sink)
+                            timeout if timeout_s is None else min(timeout, timeout_s), sink)
         if len(data) != size:
             raise CorruptVersion(f"holder {holder} sent {len(data)} bytes where {size} were due")
         return data

@@ -1,6 +1,6 @@
 """A chunked fetch (swarm/fabric/weights/chunked_fetch.py) against real holders on loopback: a chain of
 peers with one gone from its middle, peers whose stripe plans differ, a redirect to a peer that has
-left, a sharer this peer avoids, a chunk asked for the moment a fetch starts, a manifest asked for
+left (and the share of a payload one requester is sent to one taker for), a sharer this peer avoids, a chunk asked for the moment a fetch starts, a manifest asked for
 already, who shares a payload out, the plans peers make, and a fetch whose holders all lack it. The chunks themselves and whole swarms sharing versions out: test_chunks.py."""
 
 import threading
@@ -12,7 +12,8 @@ import pytest
 import swarm.fabric.weights.chunked_fetch as chunked_fetch
 from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, sharers_for
 from swarm.fabric.membership.link_judge import LinkJudge
-from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
+from swarm.fabric.weights.chunked_fetch import WHOLE_WORKERS
+from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, REDIRECT_SHARE, ChunkBook, spec_of
 from swarm.fabric.membership.records import Heartbeat, Member
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_chunks import CHUNK, payload, versions
@@ -140,7 +141,9 @@ def test_a_peer_redirected_to_a_taker_that_is_gone_gets_the_chunks_from_the_hold
         gone.shutdown()
         second = fetch(late)
         assert second.run().payload() == store.payload("snapshot", 0)
-        assert spec.count <= second.redirected <= spec.count + 4  # every chunk's first request
+        # every chunk's first request, up to the requester's share of one taker (the rest is sent at once)
+        assert second.redirected == int(spec.count * REDIRECT_SHARE) == store.book.takers.redirected
+        assert store.book.takers.capped >= spec.count - second.redirected - WHOLE_WORKERS  # (the first ones: forced)
         # the gone peer is passed over at its second failure (SHARER_FAILURES), the requests in
         # flight then (2 workers) failing too: a few requests in all, not one per chunk
         assert gone.peer_id in second._dead and 2 <= second._failures[gone.peer_id] <= 3
