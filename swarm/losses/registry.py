@@ -77,7 +77,7 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
         proximal_logprobs=None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach().float(),
     )
     policy_loss, metrics = LOSSES[config.name].fn(cast, config)
-    kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask)
+    kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask, config.kl_max_log_ratio)
     loss = policy_loss + config.beta * kl_pen if config.beta > 0 else policy_loss
     metrics = {k: v.detach() for k, v in metrics.items()}
     metrics.update(
