@@ -172,3 +172,29 @@ def test_the_content_memory_is_bounded():
     for g in groups:
         memory.remember(g, learner_version=0)
     assert len(memory) == 3 and not memory.seen(groups[0], 0) and memory.seen(groups[4], 0)
+
+
+def test_honest_samplers_prompts_pass_the_check(tokenizer):
+    """The prompt tokens a real sampler sends (the transformers backend, prompts of unequal length
+    padded together) are what the learner's encode gives for the task's prompt."""
+    from swarm.generation import SamplingParams
+    from swarm.generation.transformers_backend import TransformersBackend
+    from swarm.model.loading import load_policy
+    from swarm.rewards import RewardScorer
+    from swarm.sampling import produce_rollouts
+    from swarm.tasks import load_problems
+
+    model, _ = load_policy("embedded")
+    problems = load_problems("arithmetic", {}, tokenizer=tokenizer)[:6]
+    scorer = RewardScorer()
+    intake = GroupIntake({p.problem_id: p.answer for p in problems}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                         max_staleness=4, max_age_s=60, penalise=lambda peer, reason: None, temperature=1.0,
+                         prompts={p.problem_id: p.prompt for p in problems}, encode=lambda text: tokenizer(text)["input_ids"])
+    try:
+        groups = produce_rollouts(TransformersBackend(model, tokenizer), scorer, problems,
+                                  SamplingParams(num_completions=2, max_new_tokens=8, seed=0), version=0, sampler_id="s")
+        assert len({len(g.prompt_ids) for g in groups}) > 1  # padded together
+        assert all(intake.accept(g, learner_version=0) for g in groups), intake.dropped
+    finally:
+        intake.close()
+        scorer.close()
