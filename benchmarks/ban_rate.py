@@ -105,7 +105,7 @@ def steering(model, tokenizer, groups: list[RolloutGroup]) -> dict:
         return torch.cat([p.grad.flatten() for p in learner.parameters() if p.grad is not None])
 
     out = {}
-    for label, loss in (("kl clamp 20 (before)", LossConfig(kl_max_log_ratio=20.0)), ("kl clamp 2 (default)", LossConfig())):
+    for label, loss in (("kl clamp 20 (before)", LossConfig(max_claimed_log_ratio=20.0)), ("kl clamp 2 (default)", LossConfig())):
         reference, with_liar = gradient(honest, loss), gradient(honest + [liar], loss)
         out[label] = {"cosine_with_honest_step": float(torch.nn.functional.cosine_similarity(with_liar, reference, dim=0)),
                       "honest_step_norm": float(reference.norm()), "step_norm_with_liar": float(with_liar.norm()),

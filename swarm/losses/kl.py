@@ -18,7 +18,7 @@ def k3(log_ratio: Tensor) -> Tensor:
 
 
 def k3_penalty(learner_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
-               max_log_ratio: float = default_of(LossConfig, "kl_max_log_ratio")) -> Tensor:
+               max_log_ratio: float = default_of(LossConfig, "max_claimed_log_ratio")) -> Tensor:
     """Token-mean of exp(s - l) - (s - l) - 1 (Schulman's k3 estimator, >= 0), with gradient through
     the learner log-probs l. Added to the loss with coefficient `beta` (LossConfig; paper: 0.005).
 

@@ -74,7 +74,7 @@ class StepDiagnostics:
             mask = inputs.mask.float()
             self._add("kl", self.config.beta * k3_penalty(inputs.learner_logprobs.float(),
                                                           inputs.sampler_logprobs.float(), mask,
-                                                          self.config.kl_max_log_ratio))
+                                                          self.config.max_claimed_log_ratio))
         with torch.no_grad():
             learner = inputs.learner_logprobs.detach().float().clone()  # kept until after the update
             sampler = inputs.sampler_logprobs.detach().float()

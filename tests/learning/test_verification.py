@@ -2,7 +2,8 @@
 groups pass in float32, a lying group is refused and its sender banned once a second one is found,
 a group at a version the learner no longer holds is dropped without blame, the groups checked are
 drawn from the OS's randomness, and with one lying group among eight the step stays the step of the
-seven honest groups: refused when checked, bounded by the KL penalty's clamp when not."""
+seven honest groups: refused when checked, bounded by the KL penalty's clamp when not (and, in an
+importance-weighted loss, by the bound on how small a claimed q is taken)."""
 
 import copy
 import random
@@ -175,7 +176,7 @@ def test_an_unchecked_lying_group_moves_the_default_step_no_more_than_an_honest_
     group's own gradient no larger than an honest group's. Without the KL clamp the liar steers."""
     honest, liar = honest_groups[:7], claims_certainty(policy, honest_groups[7])
     cosine = torch.nn.functional.cosine_similarity
-    for loss, steered in ((LossConfig(kl_max_log_ratio=20.0), True), (LossConfig(), False)):  # the old clamp, the new
+    for loss, steered in ((LossConfig(max_claimed_log_ratio=20.0), True), (LossConfig(), False)):  # the old clamp, the new
         reference = step_gradient(policy, honest, loss)
         with_liar = step_gradient(policy, honest + [liar], loss)
         alone = [float(step_gradient(policy, [g], loss).norm()) for g in honest]
@@ -185,3 +186,15 @@ def test_an_unchecked_lying_group_moves_the_default_step_no_more_than_an_honest_
         else:
             assert float(cosine(with_liar, reference, dim=0)) > 0.9
             assert liar_alone <= max(alone), (liar_alone, alone)
+
+
+def test_an_unchecked_lie_weighs_no_more_than_an_honest_group_in_an_importance_weighted_loss(policy, honest_groups):
+    """GEPO divides by the claimed q: a q e^3 below the truth made the lying group's gradient 2.9x
+    the largest honest group's; with q taken no smaller than p e^-2 (max_claimed_log_ratio) it is
+    within 1.1x of it (measured 2.41 against 2.27)."""
+    liar = lying(honest_groups[7], shift=-3.0)
+    for bound, limit in ((20.0, None), (2.0, 1.3)):
+        loss = LossConfig(name="gepo", max_claimed_log_ratio=bound)
+        largest_honest = max(float(step_gradient(policy, [g], loss).norm()) for g in honest_groups[:7])
+        ratio = float(step_gradient(policy, [liar], loss).norm()) / largest_honest
+        assert ratio < limit if limit else ratio > 2.0, (bound, ratio)
