@@ -100,6 +100,13 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
     verify_ban_window: int = setting(
         64, group="swarm", ge=1, help="how many of a sampler's most recent checked groups --verify-ban-after counts over")
 
+    @model_validator(mode="after")
+    def _ban_fits_its_window(self):
+        if self.verify_ban_after > self.verify_ban_window:
+            raise ValueError(f"verify_ban_after {self.verify_ban_after} cannot exceed verify_ban_window {self.verify_ban_window}: "
+                             "a ban counts groups over the tolerance among that many checked groups; raise --verify-ban-window")
+        return self
+
 
 class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings, DashboardSettings):
     """`swarm sampler`: generates and scores rollouts with the newest version it may use, sampled

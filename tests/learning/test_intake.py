@@ -198,3 +198,10 @@ def test_honest_samplers_prompts_pass_the_check(tokenizer):
     finally:
         intake.close()
         scorer.close()
+
+
+def test_a_ban_rule_that_cannot_fire_is_refused_by_the_config():
+    from swarm.config import LearnerConfig
+
+    with pytest.raises(ValueError, match="raise --verify-ban-window"):
+        LearnerConfig(peers=["127.0.0.1:1"], transport="grpc", verify_ban_after=5, verify_ban_window=3)
