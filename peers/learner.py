@@ -50,7 +50,7 @@ from swarm.tasks import load_problems
 from swarm.tied_weights import unique_state
 from swarm.team import LearnerTeam, float32_hash
 from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
-from swarm.verification import LogprobVerifier
+from swarm.verification import GapEvidence, LogprobVerifier
 
 STEP_TIMES_KEPT = 20  # the learner's usual step time is the median of this many recent steps
 
@@ -175,6 +175,7 @@ class Learner(Peer):
             self.core = self._build_core(self.model, self.tokenizer)
         problems = load_problems(config.task, config.task_options(), tokenizer=self.tokenizer)
         self.answers = {p.problem_id: p.answer for p in problems}
+        self.prompts = {p.problem_id: p.prompt for p in problems}  # a group's prompt must be its problem's
         return resume_from
 
     def _warn_damaged(self, message: str) -> None:
@@ -233,10 +234,11 @@ class Learner(Peer):
             bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
             limits=WireLimits.for_run(getattr(self.model.config, "max_position_embeddings", None), config.max_completion_length)))
         self.verifier = LogprobVerifier(self.model, self.store.states, lock=self.store.lock, pad_token_id=tokenizer.pad_token_id,
-                                        fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
+                                        fraction=config.verify_fraction, tolerance=config.verify_tolerance,
+                                        evidence=GapEvidence(ban_after=config.verify_ban_after, window=config.verify_ban_window))
         self.intake = self.hold(GroupIntake(
             self.answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
-            stop_strings=config.stop_strings,
+            stop_strings=config.stop_strings, prompts=self.prompts, encode=lambda text: tokenizer(text)["input_ids"],
             max_staleness=config.max_staleness, max_age_s=config.max_age_s, penalise=self.inbox.penalise,
             temperature=config.temperature, top_k=config.top_k, top_p=config.top_p, verifier=self.verifier,
             banned=lambda peer: self.inbox.bans.remaining(peer) > 0,

@@ -8,17 +8,23 @@ on one sampling distribution, and a group claiming, say, temperature 1e-40 would
 log-probs non-finite. Every refusal is counted by reason; refusals that are the sender's fault are
 reported to the inbox, which bans repeat offenders (stale groups are never the sender's fault). A
 group that makes a check itself fail is refused as the sender's fault too, never ends the learner.
+A group's prompt tokens must be the prompt the learner's own task builds for its problem id: the
+gold answer is looked up by id, so a group pairing a real id with another prompt would teach that
+id's answer on any prompt (issue 45). A group whose content (prompt and completions) the learner
+already accepted within the staleness window is refused whatever its id (swarm.replays), without a
+strike: two honest samplers at temperature 0 may write the same group.
 Last and dearest, a sampled fraction of groups has its behaviour log-probs recomputed at the
-claimed version (swarm.verification); a sampler caught lying about them is banned at once, since
-an honest one never exceeds the calibrated tolerance."""
+claimed version (swarm.verification); a group over the tolerance is refused, and its sender banned
+once its checked groups show it is not an honest sampler (verification.GapEvidence)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+from swarm.replays import SeenContent
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
 from swarm.tasks.base import cut_at_stop
@@ -33,16 +39,25 @@ class GroupIntake:
     def __init__(self, answers: dict[str, str], *, decode: Callable[[list[list[int]]], list[str]], max_staleness: int,
                  max_age_s: float, penalise: Callable[[str, str], None], temperature: float, top_k: int = 0,
                  top_p: float = 1.0, scorer: RewardScorer | None = None, verifier: LogprobVerifier | None = None,
-                 banned: Callable[[str], bool] = lambda peer: False, stop_strings: Sequence[str] = ()) -> None:
+                 banned: Callable[[str], bool] = lambda peer: False, stop_strings: Sequence[str] = (),
+                 prompts: Mapping[str, str] | None = None, encode: Callable[[str], list[int]] | None = None) -> None:
         """answers: problem id -> gold answer. decode: completion token ids -> texts, as samplers decode
         them (the tokenizer's batch_decode without special tokens). penalise(peer, reason, ban=False):
         a strike against the sender (ban: at once). temperature, top_k, top_p: the run's sampling
         settings. verifier: recomputes the log-probs of a fraction of groups (None: none). banned(peer):
         whether a sender is banned now (its groups still queued when the ban came are dropped).
-        stop_strings: the run's; a completion is scored up to its first one, and must end there."""
+        stop_strings: the run's; a completion is scored up to its first one, and must end there.
+        prompts: problem id -> the prompt text the task builds for it, and encode: that text -> its
+        token ids, as samplers tokenize it (the tokenizer's call with special tokens); with both, a
+        group's prompt tokens must be its problem's (None: not checked)."""
         self.answers, self.max_staleness, self.max_age_s, self.penalise = answers, max_staleness, max_age_s, penalise
         self.decode, self.sampling, self.verifier = decode, (float(temperature), int(top_k), float(top_p)), verifier
         self.banned, self.stop_strings = banned, tuple(stop_strings)
+        if (prompts is None) != (encode is None):
+            raise ValueError("checking prompts needs both the task's prompts and the tokenizer's encode")
+        self.prompts, self.encode = prompts, encode
+        self._prompt_ids: dict[str, tuple[int, ...]] = {}  # problem id -> its prompt's tokens, encoded once
+        self.seen = SeenContent(window=max_staleness)
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
 
@@ -75,6 +90,13 @@ class GroupIntake:
             self.dropped["unknown problem"] += 1
             self.penalise(group.sender, "unknown problem")
             return False
+        if not self._own_prompt(group):
+            self.dropped["prompt not its problem's"] += 1
+            self.penalise(group.sender, "prompt not its problem's")
+            return False
+        if self.seen.seen(group, learner_version):
+            self.dropped["same content as an accepted group"] += 1
+            return False
         texts = self.decode(group.completion_ids)
         if self.stop_strings and self._runs_past_stop(group, texts):
             self.dropped["tokens past a stop string"] += 1
@@ -90,13 +112,28 @@ class GroupIntake:
             if refused == "version not held":  # from before a restart: nobody's fault, and not checkable
                 self.dropped["version not held"] += 1
                 return False
-            if refused:
+            if self.verifier.convicts(group.sender, refused is not None):
+                logger.warning("refused a group from %s: %s; banning it (%d of its last %d checked groups refused)",
+                               group.sender, refused, self.verifier.evidence.ban_after, self.verifier.evidence.window)
                 self.dropped["log-prob mismatch"] += 1
-                logger.warning("refused a group from %s: %s; banning it", group.sender, refused)
                 self.penalise(group.sender, refused, ban=True)
                 return False
+            if refused:
+                self.dropped["log-prob mismatch"] += 1
+                logger.warning("refused a group from %s: %s", group.sender, refused)
+                return False
         group.rewards, group.completion_texts = rescored, texts
+        self.seen.remember(group, learner_version)
         return True
+
+    def _own_prompt(self, group: RolloutGroup) -> bool:
+        """Whether the group's prompt tokens are those of the prompt the task builds for its problem."""
+        if self.prompts is None:
+            return True
+        expected = self._prompt_ids.get(group.problem_id)
+        if expected is None:
+            expected = self._prompt_ids[group.problem_id] = tuple(self.encode(self.prompts[group.problem_id]))
+        return tuple(group.prompt_ids) == expected
 
     def _runs_past_stop(self, group: RolloutGroup, texts: list[str]) -> bool:
         """Whether a completion goes on after the token that completes a stop string: what follows

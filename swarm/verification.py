@@ -15,6 +15,27 @@ clip range for t = 0.1. (With seq_logprob_mode="sum" the bound is e^(t * length)
 tolerance is calibrated on honest samplers in float32, bfloat16 and float16
 (benchmarks/logprob_tolerance.py).
 
+Which groups are checked is drawn from the operating system's randomness (random.SystemRandom),
+never from --seed: with a seeded generator a sampler that knew the seed lied exactly in the groups
+left unchecked (issue 45). A group over the tolerance is refused; its sender is banned only on
+evidence that its gaps are not an honest sampler's (GapEvidence: `ban_after` refusals among its
+last `window` checked groups), since an honest bf16 GPU sampler has come within 0.041 of 0.1.
+
+The check rate and the ban rule, so that a liar is banned within 16 of its lying groups with
+probability >= 99% whatever it knows (it cannot know which groups are checked, so each of its
+groups is checked independently with probability f). A lie of 0.2 or more exceeds the tolerance
+whenever it is checked (honest gaps stay below 0.05). With ban_after = 2, the liar goes unbanned
+after 16 lying groups only when at most one of them was checked:
+    P = (1 - f)^16 + 16 f (1 - f)^15;  f = 0.4: 0.6^16 + 6.4 * 0.6^15 = 0.00028 + 0.00301 = 0.0033,
+so it is banned with probability 0.9967 (f = 0.35 would give 0.9902, f = 0.25 with ban_after = 1,
+the old rule, 0.990). That holds while its 16 lying groups fall within 64 of its checked groups
+(about 160 groups at f = 0.4); a liar that spaces its lies further apart lies in under one group in
+ten, and an unchecked lie cannot steer a step more than an honest group does (the KL penalty's
+clamp, swarm.losses.kl; TOPR truncates the weight of negative-advantage sequences at 1). An honest
+sampler whose groups exceed with probability p is banned in a window of 64 checks with probability
+at most C(64, 2) p^2 = 2016 p^2; benchmarks/ban_rate.py measures p on real bf16 / fp16 numerics and
+runs the rule on both honest samplers and liars.
+
 A version no longer held (older than the learner's store, e.g. from before a restart) cannot be
 checked: a group selected for checking at such a version is dropped, without blame.
 
@@ -28,6 +49,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections import OrderedDict, deque
 from typing import Mapping
 
 import torch
@@ -51,26 +73,61 @@ def completion_gaps(claimed: torch.Tensor, recomputed: torch.Tensor, mask: torch
     return diff.sum(-1) / mask.sum(-1).clamp(min=1)
 
 
+# at most this many senders' recent check results are kept (identities are free to make)
+MAX_SENDERS_TRACKED = 10_000
+
+
+class GapEvidence:
+    """Per sender, whether each of its last `window` checked groups was over the tolerance; a
+    sender with `ban_after` of them is a liar (see the module docstring for the arithmetic)."""
+
+    def __init__(self, *, ban_after: int = default_of(LearnerConfig, "verify_ban_after"),
+                 window: int = default_of(LearnerConfig, "verify_ban_window"), max_senders: int = MAX_SENDERS_TRACKED) -> None:
+        if not 1 <= ban_after <= window:
+            raise ValueError(f"verify_ban_after {ban_after} must be between 1 and verify_ban_window {window}: "
+                             "a ban counts groups over the tolerance among that many checked groups")
+        self.ban_after, self.window, self.max_senders = ban_after, window, max_senders
+        self._recent: OrderedDict[str, deque] = OrderedDict()  # sender -> deque of bools (True: over the tolerance)
+
+    def record(self, sender: str, over: bool) -> bool:
+        """Add one checked group of `sender`'s; True when its record now shows a liar (the record is
+        then cleared: a ban expires, and a peer that comes back starts over)."""
+        recent = self._recent.pop(sender, None) or deque(maxlen=self.window)
+        recent.append(over)
+        if over and sum(recent) >= self.ban_after:
+            return True
+        self._recent[sender] = recent  # most recently checked last
+        while len(self._recent) > self.max_senders:
+            self._recent.popitem(last=False)
+        return False
+
+    def exceedances(self, sender: str) -> int:
+        return sum(self._recent.get(sender, ()))
+
+
 class LogprobVerifier:
     """Recomputes q for a fraction of groups at their claimed version.
 
     model: the learner's policy (copied once: the copy holds whichever version is being checked).
     states: version -> weights, the versions the learner holds (its VersionStore.states), read
-    under `lock`. fraction: the share of groups checked. tolerance: see the module docstring."""
+    under `lock`. fraction: the share of groups checked, each drawn independently from the OS's
+    randomness. tolerance: see the module docstring. evidence: the ban rule (GapEvidence)."""
 
     def __init__(self, model, states: Mapping[int, Mapping[str, torch.Tensor]], *, lock, pad_token_id: int,
                  fraction: float = default_of(LearnerConfig, "verify_fraction"),
-                 tolerance: float = default_of(LearnerConfig, "verify_tolerance"), seed: int = 0) -> None:
+                 tolerance: float = default_of(LearnerConfig, "verify_tolerance"), evidence: GapEvidence | None = None) -> None:
         if not 0 <= fraction <= 1:
             raise ValueError(f"verification fraction {fraction} must be in [0, 1]")
         self.states, self.lock, self.pad_token_id = states, lock, pad_token_id
         self.fraction, self.tolerance = fraction, tolerance
-        self.rng = random.Random(seed)
+        self.evidence = evidence or GapEvidence()
+        self.rng = random.SystemRandom()  # not --seed: a sampler must not know which of its groups are checked
         self.model = copy.deepcopy(model).eval().requires_grad_(False) if fraction > 0 else None
         self.loaded: int | None = None  # the version the copy holds
         self.checked = 0
         self.seconds = 0.0
         self.largest_honest_gap = 0.0  # the largest gap among groups that passed: how close honest peers come
+        self.largest_gap = 0.0  # the largest of all, refused ones included
 
     def chosen(self) -> bool:
         return self.fraction > 0 and self.rng.random() < self.fraction
@@ -91,10 +148,16 @@ class LogprobVerifier:
         finally:
             self.seconds += time.perf_counter() - started
         self.checked += 1
+        self.largest_gap = max(self.largest_gap, gap)
         if gap > self.tolerance:
             return f"log-probs do not match version {group.version} (gap {gap:.3g} > {self.tolerance:g})"
         self.largest_honest_gap = max(self.largest_honest_gap, gap)
         return None
+
+    def convicts(self, sender: str, refused: bool) -> bool:
+        """Records a checked group of `sender`'s (refused: over the tolerance); True when that makes
+        it a liar to ban."""
+        return self.evidence.record(sender, refused)
 
     @torch.no_grad()
     def gap(self, group: RolloutGroup) -> float:

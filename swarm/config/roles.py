@@ -96,11 +96,27 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
     eval_problems: int = setting(32, group="evaluation", ge=1, help="held-out problems per learner evaluation")
     eval_samples: int = same_as(EvalSettings, "eval_samples")
     verify_fraction: float = setting(
-        0.25, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version "
-                                              "(a sampler caught lying is banned; 0: trust samplers)")
+        0.4, group="swarm", ge=0, le=1, help="share of groups whose log-probs the learner recomputes at the claimed version, "
+                                             "drawn from the operating system's randomness (a sampler cannot predict them); "
+                                             "0.4 bans a liar within 16 of its lying groups with 99.7% probability "
+                                             "(swarm/verification.py; 0: trust samplers)")
     verify_tolerance: float = setting(
         0.1, group="swarm", gt=0, help="largest mean absolute per-token log-prob gap of an honest completion (calibrated "
-                                       "on float32, bfloat16 and float16 samplers: benchmarks/logprob_tolerance.py)")
+                                       "on float32, bfloat16 and float16 samplers: benchmarks/logprob_tolerance.py); a "
+                                       "group above it is refused")
+    verify_ban_after: int = setting(
+        2, group="swarm", ge=1, help="groups over --verify-tolerance among a sampler's last --verify-ban-window checked "
+                                     "groups that get it banned (one is refused without a ban: an honest GPU sampler can "
+                                     "come close to the tolerance; benchmarks/ban_rate.py)")
+    verify_ban_window: int = setting(
+        64, group="swarm", ge=1, help="how many of a sampler's most recent checked groups --verify-ban-after counts over")
+
+    @model_validator(mode="after")
+    def _ban_fits_its_window(self):
+        if self.verify_ban_after > self.verify_ban_window:
+            raise ValueError(f"verify_ban_after {self.verify_ban_after} cannot exceed verify_ban_window {self.verify_ban_window}: "
+                             "a ban counts groups over the tolerance among that many checked groups; raise --verify-ban-window")
+        return self
 
 
 class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings, DashboardSettings):

@@ -133,6 +133,12 @@ class LossConfig(Settings):
         0.005, group="loss", aliases=("kl_coef",), ge=0,
         help="coefficient of the sampler-learner k3 KL penalty (0.005 in the GEPO paper's heterogeneous "
              "runs; unlike TRL's beta it needs no reference model: it pulls towards the samplers' policy)")
+    max_claimed_log_ratio: float = setting(
+        2.0, group="loss", gt=0,
+        help="how far (nats per token) a sampler's claimed log-prob q is taken from the learner's p: the k3 penalty's "
+             "log(q / p) is clamped to +/- this, and importance weights use q no smaller than p * e^-this. Samplers' claims "
+             "are checked for a fraction of groups only, and an unchecked claim of q = 1 on a token the policy gives e^-10 "
+             "would otherwise weigh e^10 times an honest token's (issue 45); honest tokens so far apart are rare")
     seq_logprob_mode: Literal["mean", "sum"] = setting(
         "mean", group="loss", help="sequence log-prob for sequence- and group-level weights: mean over tokens "
                                     "(the GEPO reference) or sum")

@@ -6,6 +6,7 @@ uses), so callers pick a loss by name and get that paper's setting unless they o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -76,8 +77,13 @@ def compute_loss(inputs: LossInputs, config: LossConfig | None = None) -> LossOu
         group_ids=inputs.group_ids,
         proximal_logprobs=None if inputs.proximal_logprobs is None else inputs.proximal_logprobs.detach().float(),
     )
-    policy_loss, metrics = LOSSES[config.name].fn(cast, config)
-    kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask)
+    # q is a sampler's claim, checked for a fraction of groups only: a weight p / q is never taken
+    # with q below p * e^-max_claimed_log_ratio, so an unchecked claim of a tiny q cannot make a
+    # token's weight more than e^2 = 7.4 (PPO's min lets r * A through unbounded for A < 0; a cap
+    # like dual-clip PPO's, Ye et al. 2020, c = 3). Diagnostics below still see the claims as sent.
+    bounded = torch.maximum(cast.sampler_logprobs, cast.learner_logprobs.detach() - config.max_claimed_log_ratio)
+    policy_loss, metrics = LOSSES[config.name].fn(dataclasses.replace(cast, sampler_logprobs=bounded), config)
+    kl_pen = k3_penalty(cast.learner_logprobs, cast.sampler_logprobs, mask, config.max_claimed_log_ratio)
     loss = policy_loss + config.beta * kl_pen if config.beta > 0 else policy_loss
     metrics = {k: v.detach() for k, v in metrics.items()}
     metrics.update(

@@ -73,7 +73,8 @@ class StepDiagnostics:
         if self.config.beta > 0:
             mask = inputs.mask.float()
             self._add("kl", self.config.beta * k3_penalty(inputs.learner_logprobs.float(),
-                                                          inputs.sampler_logprobs.float(), mask))
+                                                          inputs.sampler_logprobs.float(), mask,
+                                                          self.config.max_claimed_log_ratio))
         with torch.no_grad():
             learner = inputs.learner_logprobs.detach().float().clone()  # kept until after the update
             sampler = inputs.sampler_logprobs.detach().float()

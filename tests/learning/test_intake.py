@@ -1,12 +1,16 @@
 """What a learner accepts into a batch (swarm/intake.py): the learner decodes the completion tokens
 itself and scores that text, so a sampler can forge neither rewards nor texts; stale, old and
-unknown groups are dropped by reason, and the sender's faults are reported for bans."""
+unknown groups are dropped by reason, and the sender's faults are reported for bans. A group's
+prompt must be the one the task builds for its problem id, and a group whose content was already
+accepted is refused whatever its id (issue 45)."""
 
+import copy
 import time
 
 import pytest
 
 from swarm.intake import GroupIntake
+from swarm.replays import SeenContent
 from swarm.model.loading import load_policy
 from swarm.rollouts import RolloutGroup
 
@@ -117,3 +121,87 @@ def test_completions_end_at_the_runs_stop_string(tokenizer):
         assert strikes == ["tokens past a stop string"]
     finally:
         intake.close()
+
+
+def test_a_group_whose_prompt_is_not_its_problems_is_refused_and_counted_against_the_sender(tokenizer):
+    """Issue 45: groups carried real problem ids with another problem's prompt (or an invented one)
+    and the id's gold answer as the right completion; the learner scored them by id alone."""
+    prompts = {"p1": "Compute 40+2. Answer in \\boxed{}.\n", "p2": "Compute 3+4. Answer in \\boxed{}.\n"}
+    strikes = []
+    intake = GroupIntake({"p1": "42", "p2": "7"}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                         max_staleness=4, max_age_s=60, penalise=lambda peer, reason: strikes.append(reason), temperature=1.0,
+                         prompts=prompts, encode=lambda text: tokenizer(text)["input_ids"])
+    try:
+        own = group(tokenizer, ["\\boxed{42}", "\\boxed{41}"], [1.0, 0.0])
+        own.prompt_ids = tokenizer(prompts["p1"])["input_ids"]
+        assert intake.accept(own, learner_version=5)
+        for prompt in (prompts["p2"], "Say 42. \\boxed{}\n", prompts["p1"] + " "):  # another problem's, invented, one space more
+            wrong = group(tokenizer, ["\\boxed{42}", "\\boxed{42}"], [1.0, 1.0])
+            wrong.prompt_ids = tokenizer(prompt)["input_ids"]
+            assert not intake.accept(wrong, learner_version=5), prompt
+    finally:
+        intake.close()
+    assert intake.dropped == {"prompt not its problem's": 3} and strikes == ["prompt not its problem's"] * 3
+    with pytest.raises(ValueError, match="both"):
+        GroupIntake({}, decode=str, max_staleness=1, max_age_s=1, penalise=print, temperature=1.0, prompts=prompts)
+
+
+def test_a_group_already_accepted_is_refused_whatever_its_id_claims_and_order(intake, tokenizer):
+    """Issue 45: one valid group re-sent under fresh ids was trained on 12 times in 3 steps."""
+    first = group(tokenizer, ["\\boxed{42}", "\\boxed{41}", "\\boxed{42}"], [1.0, 0.0, 1.0])
+    assert intake.accept(copy.deepcopy(first), learner_version=5)
+    again = copy.deepcopy(first)
+    again.completion_ids.reverse()  # other order, other claims, other version: the same content
+    again.sampler_logprobs = [[-0.5] * len(c) for c in again.completion_ids]
+    again.version, again.sender = 6, "peer-b"
+    assert not intake.accept(again, learner_version=6)
+    assert intake.dropped == {"same content as an accepted group": 1} and not intake.strikes  # two honest samplers at temperature 0 may agree
+    other = group(tokenizer, ["\\boxed{42}", "\\boxed{41}", "\\boxed{40}"], [1.0, 0.0, 0.0])  # one completion differs
+    assert intake.accept(other, learner_version=6)
+    # once the first is past the staleness window (4 versions), its content is forgotten
+    late = copy.deepcopy(first)
+    late.version = 10
+    assert intake.accept(late, learner_version=10)
+    assert len(intake.seen) == 2  # "other" (version 6) and "late": the first was forgotten
+
+
+def test_the_content_memory_is_bounded():
+    memory = SeenContent(window=1000, max_entries=3)
+    groups = [RolloutGroup(problem_id="p", prompt_ids=[1], completion_ids=[[i]], sampler_logprobs=[[0.0]], rewards=[0.0],
+                           version=0, sampler_id="s") for i in range(5)]
+    for g in groups:
+        memory.remember(g, learner_version=0)
+    assert len(memory) == 3 and not memory.seen(groups[0], 0) and memory.seen(groups[4], 0)
+
+
+def test_honest_samplers_prompts_pass_the_check(tokenizer):
+    """The prompt tokens a real sampler sends (the transformers backend, prompts of unequal length
+    padded together) are what the learner's encode gives for the task's prompt."""
+    from swarm.generation import SamplingParams
+    from swarm.generation.transformers_backend import TransformersBackend
+    from swarm.model.loading import load_policy
+    from swarm.rewards import RewardScorer
+    from swarm.sampling import produce_rollouts
+    from swarm.tasks import load_problems
+
+    model, _ = load_policy("embedded")
+    problems = load_problems("arithmetic", {}, tokenizer=tokenizer)[:6]
+    scorer = RewardScorer()
+    intake = GroupIntake({p.problem_id: p.answer for p in problems}, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                         max_staleness=4, max_age_s=60, penalise=lambda peer, reason: None, temperature=1.0,
+                         prompts={p.problem_id: p.prompt for p in problems}, encode=lambda text: tokenizer(text)["input_ids"])
+    try:
+        groups = produce_rollouts(TransformersBackend(model, tokenizer), scorer, problems,
+                                  SamplingParams(num_completions=2, max_new_tokens=8, seed=0), version=0, sampler_id="s")
+        assert len({len(g.prompt_ids) for g in groups}) > 1  # padded together
+        assert all(intake.accept(g, learner_version=0) for g in groups), intake.dropped
+    finally:
+        intake.close()
+        scorer.close()
+
+
+def test_a_ban_rule_that_cannot_fire_is_refused_by_the_config():
+    from swarm.config import LearnerConfig
+
+    with pytest.raises(ValueError, match="raise --verify-ban-window"):
+        LearnerConfig(peers=["127.0.0.1:1"], transport="grpc", verify_ban_after=5, verify_ban_window=3)

@@ -1,9 +1,12 @@
 """The learner recomputes the behaviour log-probs a sampler reports (swarm/verification.py): honest
-groups pass in float32, a lying group is refused and its sender banned, a group at a version the
-learner no longer holds is dropped without blame, and with one lying group among eight the step
-stays the step of the seven honest groups."""
+groups pass in float32, a lying group is refused and its sender banned once a second one is found,
+a group at a version the learner no longer holds is dropped without blame, the groups checked are
+drawn from the OS's randomness, and with one lying group among eight the step stays the step of the
+seven honest groups: refused when checked, bounded by the KL penalty's clamp when not (and, in an
+importance-weighted loss, by the bound on how small a claimed q is taken)."""
 
 import copy
+import random
 import threading
 import time
 
@@ -19,7 +22,7 @@ from swarm.rollouts import RolloutGroup
 from swarm.tasks import load_problems
 from swarm.config import LossConfig
 from swarm.training import LearnerCore
-from swarm.verification import LogprobVerifier
+from swarm.verification import GapEvidence, LogprobVerifier
 
 TOLERANCE = 0.1
 
@@ -75,7 +78,26 @@ def test_honest_groups_pass_and_a_liar_is_caught(policy, honest_groups):
     assert verifier.checked == len(honest_groups) + 3
 
 
-def test_the_intake_bans_a_liar_at_once_and_drops_unheld_versions_without_blame(policy, honest_groups):
+def test_one_group_over_the_tolerance_is_refused_and_the_second_bans():
+    evidence = GapEvidence(ban_after=2, window=4)
+    assert not evidence.record("honest", True)  # an honest GPU sampler's rare excursion: refused, not banned
+    assert not any(evidence.record("honest", False) for _ in range(4))  # and forgotten after 4 clean checks
+    assert not evidence.record("honest", True) and evidence.exceedances("honest") == 1
+    assert not evidence.record("liar", True) and evidence.record("liar", True)  # two in a window: a liar
+    assert evidence.exceedances("liar") == 0  # the record starts over when the ban expires
+    with pytest.raises(ValueError, match="between 1 and verify_ban_window"):
+        GapEvidence(ban_after=5, window=4)
+
+
+def test_which_groups_are_checked_cannot_be_predicted_from_the_seed(policy):
+    first, second = verifier_for(policy, fraction=0.4), verifier_for(policy, fraction=0.4)
+    assert isinstance(first.rng, random.SystemRandom)  # the OS's randomness, not random.Random(--seed)
+    draws = [[v.chosen() for _ in range(256)] for v in (first, second)]
+    assert draws[0] != draws[1]  # same settings, other draws (equal with probability ~1e-77)
+    assert 0.25 < sum(draws[0]) / 256 < 0.55
+
+
+def test_the_intake_bans_a_liar_on_its_second_refusal_and_drops_unheld_versions_without_blame(policy, honest_groups):
     _, tokenizer = policy
     penalties = []
     intake = GroupIntake({g.problem_id: g.answer for g in honest_groups},
@@ -89,10 +111,11 @@ def test_the_intake_bans_a_liar_at_once_and_drops_unheld_versions_without_blame(
             g.rewards = intake.scorer.score(tokenizer.batch_decode(g.completion_ids, skip_special_tokens=True),
                                             [g.answer] * g.size)
         assert intake.accept(fresh[0], learner_version=3)
-        liar = lying(fresh[1])
-        assert not intake.accept(liar, learner_version=3)
-        assert penalties == [("liar", True)] and intake.dropped["log-prob mismatch"] == 1
-        unheld = copy.deepcopy(fresh[0])
+        assert not intake.accept(lying(fresh[1]), learner_version=3)
+        assert penalties == [] and intake.dropped["log-prob mismatch"] == 1  # refused; one is not yet evidence
+        assert not intake.accept(lying(fresh[1], shift=-0.2), learner_version=3)
+        assert penalties == [("liar", True)] and intake.dropped["log-prob mismatch"] == 2
+        unheld = copy.deepcopy(fresh[1])
         unheld.version = 2  # the learner holds only version 3 (say it restarted from there)
         assert not intake.accept(unheld, learner_version=3)
         assert intake.dropped["version not held"] == 1 and penalties == [("liar", True)]
@@ -124,3 +147,54 @@ def test_one_lying_group_among_eight_does_not_steer_the_step(policy, honest_grou
     kept = [g for g in honest + [liar] if verifier.check(g) is None]
     assert liar not in kept and len(kept) == 7
     assert float(cosine(step_direction(policy, kept), reference, dim=0)) > 0.9
+
+
+def step_gradient(policy, groups, loss: LossConfig) -> torch.Tensor:
+    """The flat gradient of one learner step on `groups` with `loss`, unclipped."""
+    model, tokenizer = policy
+    learner = copy.deepcopy(model)
+    core = LearnerCore(learner, tokenizer.pad_token_id, version=3, loss=loss, max_grad_norm=0.0)
+    core.step([copy.deepcopy(g) for g in groups])
+    return torch.cat([p.grad.flatten() for p in learner.parameters() if p.grad is not None])
+
+
+def claims_certainty(policy, like: RolloutGroup) -> RolloutGroup:
+    """Issue 45's step-steering group: completions of a wrong answer, honestly scored 0, each token
+    claimed at log-prob 0 (q = 1), where the policy gives them far less."""
+    _, tokenizer = policy
+    # a wrong answer the policy finds unlikely (token log-probs down to -15.6): the larger the gap
+    # between the claim and the policy, the harder an unbounded k3 term pulls
+    ids = tokenizer("The answer is \\boxed{8086420}", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return RolloutGroup(problem_id=like.problem_id, prompt_ids=like.prompt_ids, completion_ids=[ids] * like.size,
+                        sampler_logprobs=[[0.0] * len(ids)] * like.size, rewards=[0.0] * like.size, version=3,
+                        sampler_id="s", answer=like.answer, sender="liar")
+
+
+def test_an_unchecked_lying_group_moves_the_default_step_no_more_than_an_honest_group(policy, honest_groups):
+    """Issue 45's goal for a lie no check caught, with real gradients of the default loss (TOPR with
+    the k3 KL penalty): cosine of the step with the step of the 7 honest groups > 0.9, and the lying
+    group's own gradient no larger than an honest group's. Without the KL clamp the liar steers."""
+    honest, liar = honest_groups[:7], claims_certainty(policy, honest_groups[7])
+    cosine = torch.nn.functional.cosine_similarity
+    for loss, steered in ((LossConfig(max_claimed_log_ratio=20.0), True), (LossConfig(), False)):  # the old clamp, the new
+        reference = step_gradient(policy, honest, loss)
+        with_liar = step_gradient(policy, honest + [liar], loss)
+        alone = [float(step_gradient(policy, [g], loss).norm()) for g in honest]
+        liar_alone = float(step_gradient(policy, [liar], loss).norm())
+        if steered:  # the attack works against an unbounded claim
+            assert float(cosine(with_liar, reference, dim=0)) < 0.9 and liar_alone > 10 * max(alone)
+        else:
+            assert float(cosine(with_liar, reference, dim=0)) > 0.9
+            assert liar_alone <= max(alone), (liar_alone, alone)
+
+
+def test_an_unchecked_lie_weighs_no_more_than_an_honest_group_in_an_importance_weighted_loss(policy, honest_groups):
+    """GEPO divides by the claimed q: a q e^3 below the truth made the lying group's gradient 2.9x
+    the largest honest group's; with q taken no smaller than p e^-2 (max_claimed_log_ratio) it is
+    within 1.1x of it (measured 2.41 against 2.27)."""
+    liar = lying(honest_groups[7], shift=-3.0)
+    for bound, limit in ((20.0, None), (2.0, 1.3)):
+        loss = LossConfig(name="gepo", max_claimed_log_ratio=bound)
+        largest_honest = max(float(step_gradient(policy, [g], loss).norm()) for g in honest_groups[:7])
+        ratio = float(step_gradient(policy, [liar], loss).norm()) / largest_honest
+        assert ratio < limit if limit else ratio > 2.0, (bound, ratio)

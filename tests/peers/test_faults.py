@@ -104,7 +104,8 @@ def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path
     assert any(r.startswith("not a msgpack map") for r in last["inbox_refused"])  # garbage refused with a reason
     assert replies[0] == {"ok": False, "reason": replies[0]["reason"]} and "msgpack" in replies[0]["reason"]
     assert any("banned" in r.get("reason", "") for r in replies), replies  # then nothing more is read from it
-    # made-up log-probs are found by recomputing them at the claimed version, and ban the liar at once
+    # made-up log-probs are found by recomputing them at the claimed version, and ban the liar at its second
+    # checked group (one over the tolerance is refused without a ban: swarm.verification.GapEvidence)
     liar_id, *liar_replies = [json.loads(line) for line in liar_acks.read_text().splitlines()]
     assert liar_id["peer_id"] in last["banned"] and last["dropped"]["log-prob mismatch"] >= 1
     assert any("banned" in r.get("reason", "") for r in liar_replies), liar_replies
