@@ -30,6 +30,13 @@ def public_key(subkey: bytes):
         raise ValueError(f"a public key that does not parse ({type(exc).__name__})") from exc
 
 
+def canonical_public_key(subkey: bytes) -> bytes:
+    """The one `[owner:...]` text of the key inside `subkey`: parsed and written back as hivemind
+    writes it (`ssh-rsa BASE64`, no comment, no padding), so that two texts of one key are one owner.
+    Raises ValueError when it is not a public key."""
+    return owner_form(public_key(subkey).to_bytes())
+
+
 def verify_owner_signature(owner: bytes, payload: bytes, signature: bytes) -> bool:
     """Whether `signature` is the signature of `payload` by the key `owner` names."""
     if not is_owner_form(owner):

@@ -6,6 +6,7 @@ hivemind/records.py; over gRPC: the registry).
 """
 
 
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
@@ -13,6 +14,7 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, co
 
 from swarm import __version__
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS
+from swarm.fabric.signing import canonical_public_key
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -100,8 +102,21 @@ class MemberRecord(BaseModel):
     since_step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
 
 
-def members_key(run_id: str) -> str:
-    return f"{run_id}_members"
+MEMBER_PAGES = 16  # DHT keys a run's membership records are spread over, by key (hivemind/records.py)
+
+
+def member_page(owner: bytes) -> int:
+    """The page a key's membership record belongs in (its key's canonical text, hashed)."""
+    return int.from_bytes(hashlib.sha256(canonical_public_key(owner)).digest()[:4], "big") % MEMBER_PAGES
+
+
+def member_page_key(run_id: str, page: int) -> str:
+    return f"{run_id}_members_{page}"
+
+
+def members_key(run_id: str, owner: bytes) -> str:
+    """The DHT key of the page the membership record of `owner` (a public-key subkey) is stored in."""
+    return member_page_key(run_id, member_page(owner))
 
 
 @dataclass(frozen=True)
