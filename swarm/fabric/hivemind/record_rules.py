@@ -22,15 +22,20 @@ from __future__ import annotations
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils import get_dht_time
 
 from swarm.config.learner_keys import OWNER_PREFIX
 from swarm.fabric.hivemind.records import RevocationRecord, directory_key
-from swarm.fabric.membership.authority import CertificateError, parse
+from swarm.fabric.membership.authority import MAX_CERTIFICATE_DAYS, CertificateError, parse
 from swarm.fabric.membership.records import MEMBER_PAGES, MemberRecord, member_page, member_page_key
 from swarm.fabric.signing import canonical_public_key
 from swarm.fabric.weights.announcements import VersionAnnouncement
 
 SCHEMAS = {"learners": MemberRecord, "versions": VersionAnnouncement, "revoked": RevocationRecord}
+# how far ahead a record may expire: a heartbeat's record or an announcement lives a few heartbeats,
+# so a flood cannot outlast honest records by far (an hour, as the gRPC registry allows); a
+# revocation list lives as long as a certificate can
+MAX_AHEAD_S = {"members": 3600.0, "learners": 3600.0, "versions": 3600.0, "revoked": MAX_CERTIFICATE_DAYS * 86400.0 + 3600.0}
 
 
 def key_id(key: str) -> bytes:
@@ -65,14 +70,14 @@ class OwnerRules(RecordValidatorBase):
         except Exception:  # noqa: BLE001  neither msgpack bytes nor a key that parses
             return False
         if record.key in self.pages:
-            return self.pages[record.key] == member_page(subkey)
+            return self.pages[record.key] == member_page(subkey) and self._soon(record, "members")
         try:
             value = DHTProtocol.serializer.loads(record.value)
         except Exception:  # noqa: BLE001
             return False
         for kind, schema in SCHEMAS.items():
             if record.key == key_id(directory_key(self.run_id, kind, subkey)):
-                return _strictly(schema, value)  # the owner's own directory
+                return _strictly(schema, value) and self._soon(record, kind)  # the owner's own directory
         certificate = value.get("certificate") if isinstance(value, dict) else None
         if not certificate or not isinstance(certificate, str):
             return False
@@ -84,8 +89,12 @@ class OwnerRules(RecordValidatorBase):
             return False
         for kind in ("learners", "versions"):
             if record.key == key_id(directory_key(self.run_id, kind, cert.owner)):
-                return _strictly(SCHEMAS[kind], value)
+                return _strictly(SCHEMAS[kind], value) and self._soon(record, kind)
         return False
+
+    @staticmethod
+    def _soon(record: DHTRecord, kind: str) -> bool:
+        return record.expiration_time <= get_dht_time() + MAX_AHEAD_S[kind]
 
     @property
     def priority(self) -> int:

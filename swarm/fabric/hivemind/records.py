@@ -21,6 +21,7 @@ Where they live, so that no flood makes one read unbounded and the run's own lea
 
 from __future__ import annotations
 
+import random
 from functools import partial
 from typing import Dict, Iterable, Optional
 
@@ -106,7 +107,9 @@ class MembershipPublisher:
 
 async def _read_dictionaries(_dht, node, keys: list, per_key: int) -> dict:
     """In the DHT process: the entries (subkey, value, expiration) of the dictionaries at `keys`,
-    at most `per_key` of each (the newest-expiring first), so that what crosses back is bounded."""
+    at most `per_key` of each, so that what crosses back is bounded. Of a fuller one a random
+    `per_key` are kept: a flood can choose its records' expiry and every field, so no order of
+    them would keep honest records in; drawn at random, each has a fair chance at every read."""
     found = await node.get_many(keys, sufficient_expiration_time=float("inf"))  # what DHT.get(latest=True) asks
     out = {}
     for key in keys:
@@ -116,8 +119,7 @@ async def _read_dictionaries(_dht, node, keys: list, per_key: int) -> dict:
             for subkey, entry in item.value.items():
                 if isinstance(subkey, bytes):
                     entries.append((subkey, entry.value, entry.expiration_time))
-        entries.sort(key=lambda e: -e[2])
-        out[key] = entries[:per_key]
+        out[key] = entries if len(entries) <= per_key else random.sample(entries, per_key)
     return out
 
 
