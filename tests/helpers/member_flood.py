@@ -25,6 +25,7 @@ from swarm.fabric.signing import owner_key
 from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
 
 SQUATTED_VERSION = 999_999  # what the flood's learner records and announcements claim
+LIFETIME_S = 3000.0  # how long the flood's records last: the whole test (a node takes up to an hour ahead)
 
 
 def throwaway_key() -> RSAPrivateKey:
@@ -56,7 +57,7 @@ def one_key_records(run_id: str, key: RSAPrivateKey, count: int, now: float) -> 
         kind = i % 3
         subkey = (b"[owner:" + inside + b" c%d]" % i if kind == 0 else
                   b"x%d" % i + canonical if kind == 1 else canonical + b"y%d" % i)
-        out.append(signed(key, member_page_key(run_id, i % MEMBER_PAGES), subkey, squatter_record(f"squat-{i}", now), now + 60))
+        out.append(signed(key, member_page_key(run_id, i % MEMBER_PAGES), subkey, squatter_record(f"squat-{i}", now), now + LIFETIME_S))
     return out
 
 
@@ -68,10 +69,10 @@ def throwaway_records(run_id: str, keys: list, owner: bytes, now: float) -> dict
     for i, key in enumerate(keys):
         subkey = owner_key(key)
         value = squatter_record(f"throwaway-{i}", now)
-        pages.append(signed(key, members_key(run_id, subkey), subkey, value, now + 60))
-        learners.append(signed(key, directory_key(run_id, "learners", owner), subkey, value, now + 60))
+        pages.append(signed(key, members_key(run_id, subkey), subkey, value, now + LIFETIME_S))
+        learners.append(signed(key, directory_key(run_id, "learners", owner), subkey, value, now + LIFETIME_S))
         ann = VersionAnnouncement.of(run_id, SQUATTED_VERSION, "0" * 64, f"throwaway-{i}", now, RunSampling()).dict()
-        versions.append(signed(key, directory_key(run_id, "versions", owner), subkey, ann, now + 60))
+        versions.append(signed(key, directory_key(run_id, "versions", owner), subkey, ann, now + LIFETIME_S))
     return {"pages": pages, "learners": learners, "versions": versions}
 
 

@@ -94,6 +94,9 @@ def test_a_flood_of_members_is_refused_or_bounded_and_the_swarm_trains_on(swarm,
         swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
         wait_until(lambda: len(steps_of(run_dir)) >= 2, 240, "two learner steps during the flood", every=0.5,
                    logs=lambda: "\n".join(f"--- {p.name}:\n{p.text()[-1500:]}" for p in swarm.procs))
+        # the flood was on all along: its records are still listed (bounded), as learners at 999999
+        squatting = [m for m in attacker.members() if m.record.version == SQUATTED_VERSION]
+        assert len(squatting) == THROWAWAY_KEYS
         learners = attacker.authorised_learners([owner])
         assert [m.record.peer_id for m in learners] == [learner_id]
         announced = attacker.latest_announced([owner])
@@ -113,3 +116,25 @@ def test_two_texts_of_one_key_are_one_owner():
     assert {canonical_public_key(v) for v in variants} == {key}
     with pytest.raises(ValueError):
         canonical_public_key(b"[owner:ssh-rsa not-a-key]")
+
+
+def test_over_grpc_a_squatting_learner_does_not_set_the_version_status_shows(swarm, tmp_path):
+    from swarm.fabric.grpc.fabric import GrpcFabric
+    from swarm.fabric.membership.records import Heartbeat
+    from tests.helpers.member_flood import throwaway_key
+
+    swarm.transport = "grpc"
+    addr = swarm.start_bootstrap()
+    learner, key = swarm.start_learner(addr, "--steps", "1000", "--checkpoint-every", "0", run_dir=tmp_path / "learner")
+    squatter = GrpcFabric(addr, "flood", throwaway_key(), heartbeat_s=5.0)
+    try:
+        # a peer of its own key calls itself a learner at version 999999 and announces it
+        assert squatter.heartbeat(Heartbeat(role="learner", version=SQUATTED_VERSION))
+        assert squatter.announce(SQUATTED_VERSION, "0" * 64)
+        report = status(addr, "--transport", "grpc", "--learner-key", key)
+        assert squatter.peer_id in [p["peer_id"] for p in report["peers"]]  # listed, as what it says it is...
+        assert report["learner_version"] == 0  # ...but the version is the run key's announcement
+        assert status(addr, "--transport", "grpc")["learner_version"] is None
+    finally:
+        squatter.shutdown()
+    assert swarm.stop(learner) == 0, learner.text()[-3000:]
