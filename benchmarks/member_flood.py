@@ -3,8 +3,8 @@
 A bootstrap DHT node, an honest learner (its record, in its own learner directory, and an
 announcement) and HONEST_SAMPLERS relaying samplers; then a real attacker node
 (tests/helpers/member_flood.py) sends 10,000 records signed by one key under as many texts of it,
-and one well-formed record for each of FLOOD_KEYS throwaway keys (env GEPO_MEMBER_FLOOD_KEYS,
-default 10,000: what the store takes, since each key owns one record). Measured before (baseline)
+and one well-formed record for each of FLOOD_KEYS throwaway 2048-bit RSA keys (env
+GEPO_MEMBER_FLOOD_KEYS, default 10,000: what the store takes, since each key owns one record). Measured before (baseline)
 and after the flood, in the same process: seconds and bytes of one listing (`list_members`), how
 many honest samplers it shows, whether the learner is found from the run's key
 (`authorised_learners`) and the version read from its announcements (`latest_announced`).

@@ -30,10 +30,10 @@ def public_key(subkey: bytes):
         raise ValueError(f"a public key that does not parse ({type(exc).__name__})") from exc
 
 
-def canonical_public_key(subkey: bytes) -> bytes:
-    """The one `[owner:...]` text of the key inside `subkey`: parsed and written back as hivemind
-    writes it (`ssh-rsa BASE64`, no comment, no padding), so that two texts of one key are one owner.
-    Raises ValueError when it is not a public key."""
+def canonical_owner(subkey: bytes) -> bytes:
+    """The one `[owner:...]` text of the key `subkey` names: parsed and written back as owner_key
+    writes it (`ssh-rsa BASE64`, no comment), so that two texts of one key are one owner. Raises
+    ValueError when it names no key. (The same name and contract as the gRPC hardening's.)"""
     return owner_form(public_key(subkey).to_bytes())
 
 

@@ -28,10 +28,10 @@ SQUATTED_VERSION = 999_999  # what the flood's learner records and announcements
 LIFETIME_S = 3000.0  # how long the flood's records last: the whole test (a node takes up to an hour ahead)
 
 
-def throwaway_key() -> RSAPrivateKey:
-    """A fresh RSA key (1024 bits: quick to make in bulk; the swarm takes any RSA key)."""
+def throwaway_key(bits: int = 2048) -> RSAPrivateKey:
+    """A fresh RSA key, of the size peers' keys have (hivemind's RSAPrivateKey makes 2048 bits)."""
     key = RSAPrivateKey.__new__(RSAPrivateKey)
-    key._private_key = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    key._private_key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
     return key
 
 

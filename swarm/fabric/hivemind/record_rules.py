@@ -5,7 +5,7 @@ signed by KEY, so one key could write thousands of subkeys (`a[owner:KEY]`, `b[o
 with a comment appended), each listed as a separate owner. `OwnerRules` runs after the signature
 check (a lower priority) on every node of the run and refuses, for any record whose subkey names
 an owner key:
-- a subkey other than the key's one canonical text (signing.canonical_public_key);
+- a subkey other than the key's one canonical text (signing.canonical_owner);
 - a membership record in another page than its key's (records.member_page);
 - a record in an owner's directory (records.directory_key) by another key, unless the run owner
   named by the directory certified it (a learner's record or announcement carrying an unexpired
@@ -28,7 +28,7 @@ from swarm.config.learner_keys import OWNER_PREFIX
 from swarm.fabric.hivemind.records import RevocationRecord, directory_key
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_DAYS, CertificateError, parse
 from swarm.fabric.membership.records import MEMBER_PAGES, MemberRecord, member_page, member_page_key
-from swarm.fabric.signing import canonical_public_key
+from swarm.fabric.signing import canonical_owner
 from swarm.fabric.weights.announcements import VersionAnnouncement
 
 SCHEMAS = {"learners": MemberRecord, "versions": VersionAnnouncement, "revoked": RevocationRecord}
@@ -65,7 +65,7 @@ class OwnerRules(RecordValidatorBase):
             return True  # no owner key in it: not protected, the other validators decide
         try:
             subkey = DHTProtocol.serializer.loads(record.subkey)
-            if not isinstance(subkey, bytes) or subkey != canonical_public_key(subkey):
+            if not isinstance(subkey, bytes) or subkey != canonical_owner(subkey):
                 return False  # a second text of a key: one owner, one record
         except Exception:  # noqa: BLE001  neither msgpack bytes nor a key that parses
             return False

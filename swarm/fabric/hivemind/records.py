@@ -2,7 +2,7 @@
 announcements and the run owner's revocation list.
 
 Every record is a subkey of a DHT dictionary; the subkey is a signing key's one canonical
-`[owner:...]` text (swarm.fabric.signing.canonical_public_key), the value is signed with the
+`[owner:...]` text (swarm.fabric.signing.canonical_owner), the value is signed with the
 matching private key, so hivemind's RSASignatureValidator refuses any write to it by another peer,
 and one key owns at most one record per dictionary (record_rules.OwnerRules). Records carry an
 expiration a few heartbeats ahead, so a peer that vanishes disappears from listings on its own.
@@ -49,7 +49,7 @@ from swarm.fabric.membership.records import (
     member_page,
     member_page_key,
 )
-from swarm.fabric.signing import canonical_public_key
+from swarm.fabric.signing import canonical_owner
 from swarm.fabric.weights.announcements import Announced, VersionAnnouncement, newest_authorised
 
 MAX_LISTED_PER_PAGE = 256  # records kept from one page: a flooded page crowds out no other
@@ -80,7 +80,7 @@ def make_schema(run_id: str):
 
 def certifying_owner(subkey: bytes, certificate: str) -> bytes:
     """Whose directory a learner with `certificate` ("" for the run owner itself) writes in."""
-    return parse(certificate).owner if certificate else canonical_public_key(subkey)
+    return parse(certificate).owner if certificate else canonical_owner(subkey)
 
 
 class MembershipPublisher:
@@ -90,7 +90,7 @@ class MembershipPublisher:
     def __init__(self, dht, run_id: str, public_key_subkey: bytes, *, heartbeat_s: float = default_of(SwarmSettings, "heartbeat_s"),
                  expiry_heartbeats: float = EXPIRY_HEARTBEATS):
         self.dht, self.run_id = dht, run_id
-        self.subkey = canonical_public_key(public_key_subkey)
+        self.subkey = canonical_owner(public_key_subkey)
         self.key = member_page_key(run_id, member_page(self.subkey))
         self.heartbeat_s = heartbeat_s
         self.expiry_s = heartbeat_s * expiry_heartbeats
@@ -153,7 +153,7 @@ def _owners(owner_keys: Iterable[bytes]) -> list[bytes]:
     keys = []
     for key in owner_keys:
         try:
-            keys.append(canonical_public_key(key))
+            keys.append(canonical_owner(key))
         except ValueError:
             continue
     return list(dict.fromkeys(keys))[:MAX_OWNER_KEYS_READ]
@@ -199,7 +199,7 @@ def store_revocations(dht, owner_subkey: bytes, revocations: Revocations) -> boo
     """Store the owner's revocation list under its key (the DHT's validator signs it with the
     owner's key, which `dht` must have been started with). It lasts as long as a certificate can."""
     now = get_dht_time()
-    return bool(dht.store(directory_key(revocations.run_id, "revoked", owner_subkey), subkey=canonical_public_key(owner_subkey),
+    return bool(dht.store(directory_key(revocations.run_id, "revoked", owner_subkey), subkey=canonical_owner(owner_subkey),
                           value=RevocationRecord(token=revocations.token).dict(),
                           expiration_time=now + MAX_CERTIFICATE_DAYS * 86400.0))
 
@@ -222,7 +222,7 @@ def authorised_learners(dht, run_id: str, owner_keys: Iterable[bytes]) -> list[M
 def store_announcement(dht, public_key_subkey: bytes, announcement: VersionAnnouncement, *, expiry_s: float = 60.0) -> bool:
     """Store a learner's announcement in its run owner's version directory, under its own key (signed
     there by the DHT's validator)."""
-    subkey = canonical_public_key(public_key_subkey)
+    subkey = canonical_owner(public_key_subkey)
     directory = directory_key(announcement.run_id, "versions", certifying_owner(subkey, announcement.certificate))
     return bool(dht.store(directory, subkey=subkey, value=announcement.dict(), expiration_time=announcement.time + expiry_s))
 

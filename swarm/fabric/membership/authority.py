@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from swarm.fabric.signing import canonical_public_key, owner_key, public_key
+from swarm.fabric.signing import canonical_owner, owner_key, public_key
 
 MAX_CERTIFICATE_CHARS = 4096  # two RSA-2048 keys and a signature in base64 come to about 1.6 kB
 CERTIFICATE_DAYS = 30.0  # how long a certificate is valid by default (`swarm authorize --days`)
@@ -69,7 +69,7 @@ class Certificate:
 
 def key_fingerprint(subkey: bytes) -> str:
     """A learner key's short name in revocation lists: SHA-256 of its canonical text, in hex."""
-    return hashlib.sha256(canonical_public_key(subkey)).hexdigest()
+    return hashlib.sha256(canonical_owner(subkey)).hexdigest()
 
 
 def _b64(data: bytes) -> str:
@@ -96,7 +96,7 @@ def issue(owner_private_key, run_id: str, learner: bytes, now: float | None = No
     if not 0 < days <= MAX_CERTIFICATE_DAYS:
         raise ValueError(f"a certificate is valid for more than 0 and at most {MAX_CERTIFICATE_DAYS:.0f} days, not {days}")
     issued = round(time.time() if now is None else now, 3)
-    body = json.dumps({"run_id": run_id, "learner": _b64(canonical_public_key(learner)), "owner": _b64(owner_key(owner_private_key)),
+    body = json.dumps({"run_id": run_id, "learner": _b64(canonical_owner(learner)), "owner": _b64(owner_key(owner_private_key)),
                        "issued": issued, "expires": round(issued + days * 86400.0, 3)}, sort_keys=True, separators=(",", ":"))
     signature = owner_private_key.sign(body.encode())
     return parse(f"{_b64(body.encode())}.{_b64(signature)}")
@@ -124,7 +124,7 @@ def parse(token: str) -> Certificate:
     if not _public_key(owner).verify(body_bytes, signature):
         raise CertificateError("the certificate's signature is not its owner key's")
     try:
-        learner, owner = canonical_public_key(learner), canonical_public_key(owner)
+        learner, owner = canonical_owner(learner), canonical_owner(owner)
     except ValueError as exc:
         raise CertificateError(f"a key in the certificate is not a peer's public key: {exc}") from exc
     return Certificate(run_id, learner, owner, issued, token, float(expires))
@@ -136,7 +136,7 @@ def authorises(token: str, run_id: str, owners: frozenset[bytes] | set[bytes], l
     unexpired at `now` (default: this clock) and not naming a key in `revoked` (fingerprints)."""
     try:
         cert = parse(token)
-        same_learner = cert.learner == canonical_public_key(learner)
+        same_learner = cert.learner == canonical_owner(learner)
     except (CertificateError, ValueError):
         return False
     return cert.run_id == run_id and cert.owner in owners and same_learner and not cert.problem(now, revoked)
@@ -184,7 +184,7 @@ def parse_revocations(token: str) -> Revocations:
         raise CertificateError("not a revocation list: its run id or keys are malformed")
     if not _public_key(owner).verify(body_bytes, signature):
         raise CertificateError("the revocation list's signature is not its owner key's")
-    return Revocations(run_id, canonical_public_key(owner), frozenset(revoked), issued, token)
+    return Revocations(run_id, canonical_owner(owner), frozenset(revoked), issued, token)
 
 
 def read_certificate(value: str) -> str:

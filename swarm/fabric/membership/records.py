@@ -14,7 +14,7 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, co
 
 from swarm import __version__
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS
-from swarm.fabric.signing import canonical_public_key
+from swarm.fabric.signing import canonical_owner
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -107,7 +107,7 @@ MEMBER_PAGES = 16  # DHT keys a run's membership records are spread over, by key
 
 def member_page(owner: bytes) -> int:
     """The page a key's membership record belongs in (its key's canonical text, hashed)."""
-    return int.from_bytes(hashlib.sha256(canonical_public_key(owner)).digest()[:4], "big") % MEMBER_PAGES
+    return int.from_bytes(hashlib.sha256(canonical_owner(owner)).digest()[:4], "big") % MEMBER_PAGES
 
 
 def member_page_key(run_id: str, page: int) -> str:
