@@ -466,15 +466,20 @@ class Learner(Peer):
         return state_hash(unique_state(self.model))
 
     def checkpoint(self) -> None:
-        """Saves weights and optimizer state; a failed write (a full disk) is reported, not fatal."""
+        """Saves weights and optimizer state; a failed write is reported, not fatal: a full disk
+        (torch.save raises RuntimeError there, not OSError), a permission, a safetensors error. The
+        checkpoint is written aside and renamed into place only when complete (swarm.checkpoint), so a
+        failed one is never taken as the latest; the next checkpoint tries again."""
         core, config = self.core, self.config
         try:
             path = save_checkpoint(self.run_dir, self.model, self.tokenizer, core.optimizer, version=core.version,
                                    digest=self.master_hash(), config=json.loads(config.model_dump_json()),
                                    keep=config.keep_checkpoints, progress=self.progress)
-        except OSError as exc:  # a full disk: say so, train on in memory, try again at the next checkpoint
-            self.events.event("checkpoint_failed", version=core.version, error=str(exc))
-            self.echo(f"warning: checkpoint of version {core.version} failed ({exc}); training goes on, the next checkpoint retries")
+        except Exception as exc:  # noqa: BLE001  a fault-tolerance boundary: any failure to write is survivable
+            error = f"{type(exc).__name__}: {exc}"
+            self.events.event("checkpoint_failed", version=core.version, error=error[:2000])
+            self.echo(f"warning: checkpoint of version {core.version} failed ({error[:500]}); training goes on in memory, "
+                      f"the next checkpoint retries; free space or fix the permissions of {self.run_dir}")
             return
         self.events.event("checkpoint", version=core.version, path=str(path))
         self.echo(f"checkpoint: {path}")

@@ -72,6 +72,7 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int,
             if final.exists():  # a leftover without state.json: incomplete, replace it
                 shutil.rmtree(final)
             tmp.rename(final)
+            _fsync_directory(root)  # the rename itself reaches the disk
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -98,6 +99,14 @@ def _fsync_files(directory: Path) -> None:
         if path.is_file():
             with path.open("rb") as f:
                 os.fsync(f.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def list_checkpoints(run_dir: Path) -> list[Checkpoint]:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from swarm.fabric.membership.authority import authorises
+from swarm.fabric.membership.authority import CertificateError, authorises, parse
 from swarm.fabric.weights.delta import state_hash
 
 
@@ -82,18 +82,29 @@ class LearnerTeam:
         self.stats = {"rounds": 0, "alone": 0, "incomplete": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
         core.update_lock = self.lock
         core.gradient_averager = self
+        self.check_own_certificate()  # a revoked learner stops here, before it trains or publishes
 
     def learners(self) -> dict[str, object]:
-        """peer id -> membership record of every live learner the run owner authorised (this one too)."""
+        """peer id -> membership record of every live learner the run owner authorised (this one too):
+        read from the owners' own learner directories (swarm.fabric.hivemind.records), never from the
+        open member list, which anyone can flood; certificates expired or revoked are left out."""
         found = {}
-        for member in self.fabric.members():
+        for member in self.fabric.authorised_learners(self.owners):
             record = member.record
-            if record.role != "learner":
-                continue
             if member.owner in self.owners or (record.certificate and authorises(
                     record.certificate, self.fabric.run_id, self.owners, member.owner)):
                 found[record.peer_id] = record
         return found
+
+    def check_own_certificate(self) -> None:
+        """Raise CertificateError, naming the key and what to do, when this learner's certificate
+        has expired or the run owner revoked its key: it must not train the run."""
+        certificate = getattr(self.fabric, "certificate", "")
+        if not certificate:
+            return
+        problem = parse(certificate).problem(revoked=self.fabric.revoked(self.owners))
+        if problem:
+            raise CertificateError(problem)
 
     def others(self) -> dict[str, object]:
         return {p: r for p, r in self.learners().items() if p != self.fabric.peer_id}

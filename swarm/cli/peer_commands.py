@@ -96,25 +96,36 @@ def swarm_option(name: str, **kwargs):
 @swarm_option("run_id")
 @swarm_option("transport", type=click.Choice(TRANSPORTS))
 @swarm_option("insecure", is_flag=True)
+@click.option("--learner-key", "learner_keys", multiple=True, cls=GroupedOption, group="swarm",
+              help="the run's key, as the learner prints it (repeatable): the learner version shown is the newest "
+                   "one announced under it (or by a learner it certified); unset: no learner version is shown")
+@click.option("--learner-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None, cls=GroupedOption,
+              group="swarm", help="a file holding the run's key (the learner writes RUN_DIR/learner.key)")
 @click.option("--json", "as_json", is_flag=True, cls=GroupedOption, group="output", help="print JSON for scripts")
 @click.option("--watch", default=None, type=click.FloatRange(min=1), cls=GroupedOption, group="output",
               help="refresh every this many seconds")
-def status_command(peers, run_id, transport, insecure, as_json, watch):
+def status_command(peers, run_id, transport, insecure, learner_keys, learner_key_file, as_json, watch):
     """Who is in the swarm: role, version, staleness, throughput and last heartbeat of each peer; then
     what looks wrong (late heartbeats, refused rollouts, a stalled learner, versions no sampler has
-    picked up), each with the command that shows more."""
+    picked up), each with the command that shows more. The learner version is read only from
+    announcements signed by the run's key (--learner-key): any peer can call itself a learner."""
+    with user_errors():
+        keys = _run_keys(learner_keys, learner_key_file)
     with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
         try:
             while True:
-                now, members = observer.now(), observer.members()
-                learner_version, rows = status_rows(now, members)
-                flags = status_flags(now, members, _announced_version(observer, members),
-                                     args=swarm_args(peers, run_id, transport))
+                now, members = observer.now(), _members_and_learners(observer, keys)
+                _, rows = status_rows(now, members)
+                learner_version = _announced_version(observer, keys)
+                flags = status_flags(now, members, learner_version, args=swarm_args(peers, run_id, transport))
                 if as_json:
                     click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
                                            "flags": flags}))
                 else:
                     _print_status(run_id, learner_version, rows)
+                    if not keys:
+                        click.echo("(no learner version: pass --learner-key, or --learner-key-file RUN_DIR/learner.key, "
+                                   "to read the version the run's learner announced)")
                     _print_flags(flags)
                 if not watch:
                     break
@@ -123,10 +134,36 @@ def status_command(peers, run_id, transport, insecure, as_json, watch):
             pass
 
 
-def _announced_version(observer, members: list) -> int | None:
-    """The newest version announced under the key of a peer whose record says learner (None: none,
-    or the lookup failed: the flags then go by the learners' records)."""
-    keys = [m.owner for m in members if m.record.role == "learner"]
+def _run_keys(learner_keys, learner_key_file) -> list[bytes]:
+    """The run's keys from --learner-key and --learner-key-file, checked."""
+    from swarm.config.learner_keys import decode_learner_key
+
+    texts = list(learner_keys)
+    if learner_key_file is not None:
+        try:
+            texts.append(Path(learner_key_file).read_text().strip())
+        except OSError as exc:
+            raise click.UsageError(f"--learner-key-file {learner_key_file}: {exc.strerror}") from None
+    return list(dict.fromkeys(decode_learner_key(t.strip()) for t in texts))
+
+
+def _members_and_learners(observer, keys: list[bytes]) -> list:
+    """The listed members, and the run's authorised learners found from its keys (over hivemind: a
+    flood of records in the open pages cannot hide them) where the pages left them out."""
+    members = observer.members()
+    find = getattr(observer, "authorised_learners", None)
+    if keys and find is not None:
+        listed = {m.owner for m in members}
+        try:
+            members += [m for m in find(keys) if m.owner not in listed]
+        except (*observer.unreachable_errors(), TimeoutError):
+            pass
+    return members
+
+
+def _announced_version(observer, keys: list[bytes]) -> int | None:
+    """The newest version announced under the run's keys `keys` or by a learner they certified
+    (None: no keys, none announced, or the lookup failed: the flags then go by the learners' records)."""
     try:
         announced = observer.latest_announced(keys) if keys else None
     except (*observer.unreachable_errors(), TimeoutError):

@@ -270,7 +270,7 @@ class HostilePeer:
         def run():
             while not self.stop.is_set():
                 now = self.fabric.now()
-                self.fabric.dht.store(members_key("swarm"), subkey=self.fabric.public_key,
+                self.fabric.dht.store(members_key("swarm", self.fabric.public_key), subkey=self.fabric.public_key,
                                       value=beat.record(IMG, now).dict(), expiration_time=now + 3)
                 self.stop.wait(1.0)
 

@@ -76,12 +76,12 @@ def test_forged_and_malformed_records_are_refused(nodes):
     good = dict(role="learner", peer_id="x", model="", model_hash="", version=99, rollouts=0, tokens_per_s=0.0,
                 software="0", time=float(get_dht_time()))
     # another peer's subkey: the signature cannot match the public key in the subkey
-    assert not attacker.store(members_key(RUN), subkey=sign_h.local_public_key, value=good, expiration_time=expiry)
+    assert not attacker.store(members_key(RUN, sign_x.local_public_key), subkey=sign_h.local_public_key, value=good, expiration_time=expiry)
     # its own subkey, but values that break the schema
     for bad in ({**good, "role": "boss"}, {**good, "version": 1.5}, {**good, "version": -1}, {"role": "learner"}):
-        assert not attacker.store(members_key(RUN), subkey=sign_x.local_public_key, value=bad, expiration_time=expiry)
+        assert not attacker.store(members_key(RUN, sign_x.local_public_key), subkey=sign_x.local_public_key, value=bad, expiration_time=expiry)
     # a subkey without any owner key is refused by the schema too
-    assert not attacker.store(members_key(RUN), subkey=b"anyone", value=good, expiration_time=expiry)
+    assert not attacker.store(members_key(RUN, sign_x.local_public_key), subkey=b"anyone", value=good, expiration_time=expiry)
     listed = list_members(boot, RUN)
     assert [(m.record.role, m.record.version) for m in listed] == [("sampler", 1)]
 

@@ -48,7 +48,8 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
                            "--verify-fraction", "1", "--dtype", "bfloat16", "--stop-strings", "Question:", log=log))
         key = ready(tmp_path / "run", procs[1])["learner_key"]
         assert (tmp_path / "run" / "learner.key").read_text().strip() == key
-        status = subprocess.run([*SWARM, "status", "--peers", addr, "--json"], capture_output=True, text=True, env=ENV, timeout=120)
+        status = subprocess.run([*SWARM, "status", "--peers", addr, "--learner-key", key, "--json"], capture_output=True, text=True,
+                                env=ENV, timeout=120)
         assert status.returncode == 0, status.stderr[-2000:]
         report = json.loads(status.stdout)
         assert report["learner_version"] == 0 and [p["role"] for p in report["peers"]] == ["learner"]

@@ -22,6 +22,7 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.config import split_host_port
+from swarm.fabric.hivemind.record_rules import OwnerRules
 from swarm.fabric.hivemind.records import make_schema
 from swarm.fabric.interface import JoinError
 from swarm.fabric.membership.addresses import maddr_tcp, refuses_connections
@@ -158,7 +159,7 @@ def start_dht(
     # A fresh key rather than hivemind's process-wide default: two nodes in one process (tests,
     # a demo) must not be able to sign each other's records.
     signature = RSASignatureValidator(signing_key or RSAPrivateKey())
-    validators = [SchemaValidator(make_schema(run_id), allow_extra_keys=True, prefix=run_id), signature]
+    validators = [SchemaValidator(make_schema(run_id), allow_extra_keys=True, prefix=run_id), signature, OwnerRules(run_id)]
     kwargs = dict(host_maddrs=list(host_maddrs), startup_timeout=startup_timeout, client_mode=client_mode,
                   use_auto_relay=use_auto_relay)
     if announce_maddrs:

@@ -12,7 +12,14 @@ from hivemind.utils import get_dht_time
 
 from swarm.fabric.hivemind.dht import announce_multiaddrs, listen_maddrs, start_dht
 from swarm.fabric.hivemind.learner_group import LearnerGroup
-from swarm.fabric.hivemind.records import MembershipPublisher, latest_announced, list_members, store_announcement
+from swarm.fabric.hivemind.records import (
+    MembershipPublisher,
+    authorised_learners,
+    latest_announced,
+    list_members,
+    read_revoked,
+    store_announcement,
+)
 from swarm.fabric.hivemind.rollouts import RolloutInbox, RolloutSender
 from swarm.fabric.hivemind.weights import WeightClient, WeightServer
 from swarm.fabric.membership.addresses import order_for_others
@@ -75,6 +82,14 @@ class HivemindFabric:
 
     def members(self):
         return list_members(self.dht, self.run_id)
+
+    def authorised_learners(self, owners: Iterable[bytes]):
+        """The live learners the run owners `owners` authorised, found from the owners' keys alone."""
+        return authorised_learners(self.dht, self.run_id, owners)
+
+    def revoked(self, owners: Iterable[bytes]) -> frozenset[str]:
+        """Fingerprints of the learner keys the run owners `owners` revoked."""
+        return read_revoked(self.dht, self.run_id, owners)
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006

@@ -6,6 +6,7 @@ hivemind/records.py; over gRPC: the registry).
 """
 
 
+import hashlib
 import re
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
@@ -14,6 +15,7 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, co
 
 from swarm import __version__
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS
+from swarm.fabric.signing import canonical_owner
 
 ROLES = ("sampler", "learner")
 EXPIRY_HEARTBEATS = 3.0  # a record outlives its last heartbeat by this many heartbeat intervals
@@ -136,8 +138,21 @@ def believable_holds(record, newest: int | None = None) -> frozenset[int] | None
     return frozenset(listed)
 
 
-def members_key(run_id: str) -> str:
-    return f"{run_id}_members"
+MEMBER_PAGES = 16  # DHT keys a run's membership records are spread over, by key (hivemind/records.py)
+
+
+def member_page(owner: bytes) -> int:
+    """The page a key's membership record belongs in (its key's canonical text, hashed)."""
+    return int.from_bytes(hashlib.sha256(canonical_owner(owner)).digest()[:4], "big") % MEMBER_PAGES
+
+
+def member_page_key(run_id: str, page: int) -> str:
+    return f"{run_id}_members_{page}"
+
+
+def members_key(run_id: str, owner: bytes) -> str:
+    """The DHT key of the page the membership record of `owner` (a public-key subkey) is stored in."""
+    return member_page_key(run_id, member_page(owner))
 
 
 @dataclass(frozen=True)

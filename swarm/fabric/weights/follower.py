@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
 from swarm.config.learner_keys import encode_learner_key
+from swarm.fabric.membership.authority import key_fingerprint
 from swarm.fabric.membership.records import believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
@@ -170,13 +171,24 @@ class VersionFollower:
         version newer than any seen here, that version is fetched now, neither a poll nor a lookup
         later. False when it does not verify."""
         ann = read_push(request, self.keys, self.fabric.run_id)
-        if ann is None:
+        if ann is None or self._revoked(request.get("owner")):
             return False
         with self._push_lock:
             if (self.newest is None or ann.version > self.newest) and (self._pushed is None or ann.version > self._pushed.version):
                 self._pushed = ann
                 self._wake.set()
         return True
+
+    def _revoked(self, owner) -> bool:
+        """Whether a certified learner's key `owner` is on the run owner's revocation list (the
+        DHT's lookups leave such announcements out: a pushed one must be, too)."""
+        revoked = getattr(self.fabric, "revoked", None)
+        if revoked is None or owner in self.keys or not isinstance(owner, bytes):
+            return False
+        try:
+            return key_fingerprint(owner) in revoked(self.keys)
+        except Exception:  # noqa: BLE001  no answer about the list: the DHT poll leaves revoked keys out anyway
+            return False
 
     def _take_pushed(self) -> Announced | None:
         with self._push_lock:

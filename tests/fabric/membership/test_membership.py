@@ -47,7 +47,7 @@ def write_as(attacker, owner_key: bytes, owner_peer_id: str, value: dict) -> boo
 
     from swarm.fabric.membership.records import members_key
 
-    return bool(attacker.dht.store(members_key(attacker.run_id), subkey=owner_key, value=value, expiration_time=get_dht_time() + 30))
+    return bool(attacker.dht.store(members_key(attacker.run_id, owner_key), subkey=owner_key, value=value, expiration_time=get_dht_time() + 30))
 
 
 def test_forged_and_malformed_records_are_refused(make_fabric):
