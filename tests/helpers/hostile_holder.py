@@ -67,7 +67,7 @@ def poison_record(fabric, transport: str, run_id: str, newest: int) -> None:
                      relay=True)
     if transport == "hivemind":
         now = fabric.now()
-        fabric.dht.store(members_key(run_id), subkey=fabric.public_key, value=beat.record("0OIl-not-base58!", now).dict(),
+        fabric.dht.store(members_key(run_id, fabric.public_key), subkey=fabric.public_key, value=beat.record("0OIl-not-base58!", now).dict(),
                          expiration_time=now + 3)
     else:
         from swarm.fabric.grpc.common import RequestSigner
