@@ -37,6 +37,7 @@ from swarm.fabric.transports import join_with
 from swarm.fabric.weights.announcements import RunSampling
 from swarm.fabric.weights.chunked_fetch import SharerView
 from swarm.fabric.weights.delta import non_finite_tensors, state_hash
+from swarm.fabric.weights.publisher import Publisher
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
 from swarm.intake import GroupIntake
 from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
@@ -110,6 +111,8 @@ class Learner(Peer):
         self.progress = progress or LineProgress(echo)
         self.team: LearnerTeam | None = None
         self.dashboard = self.pulse = None  # no pulse yet: the first version is announced in the caller's thread
+        self.publisher: Publisher | None = None
+        self.checked_version: int | None = None  # the newest version found finite (handed to the publisher)
         self.started = False  # whether the training loop began: only a run that started records its stop
         self.totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
         # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
@@ -207,7 +210,11 @@ class Learner(Peer):
     def _open_intake(self) -> None:
         """The versions it serves, the inbox samplers send to, and the checks each group passes."""
         config, tokenizer = self.config, self.tokenizer
-        self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
+        # the newest version whole, older ones as undo deltas rebuilt on demand (65 whole versions
+        # of a 0.6B policy would take 78 GB); forward deltas for half a snapshot: a sampler further
+        # behind gets the snapshot
+        self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1), whole_states=1,
+                                  cached_states=1, delta_budget=0.5)
         self.server = self.hold(self.fabric.weight_server(self.store))
         # the ids a policy can emit: its output layer's rows, which models pad past the tokenizer
         # (Qwen3: 151,936 rows for 151,669 tokens), so an honest sampler may draw a padding id
@@ -219,7 +226,7 @@ class Learner(Peer):
             capacity=config.groups_per_step * 2,
             bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
             limits=WireLimits.for_run(getattr(self.model.config, "max_position_embeddings", None), config.max_completion_length)))
-        self.verifier = LogprobVerifier(self.model, self.store.states, lock=self.store.lock, pad_token_id=tokenizer.pad_token_id,
+        self.verifier = LogprobVerifier(self.model, self.store.states, pad_token_id=tokenizer.pad_token_id,
                                         fraction=config.verify_fraction, tolerance=config.verify_tolerance, seed=config.seed)
         self.intake = self.hold(GroupIntake(
             self.answers, decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
@@ -260,7 +267,9 @@ class Learner(Peer):
                                     tuple(config.stop_strings))
         # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
-        self.publish()
+        # encodes, hashes and announces versions while the next step trains (closed after the pulse)
+        self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing))
+        self.publish(now=True)
         # announcements and the membership record on their own schedule: a step longer than a record's
         # life (any real LLM's) no longer takes the learner out of the listing
         self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="learner-heartbeat"))
@@ -276,11 +285,12 @@ class Learner(Peer):
         try:
             while self.core.version < self.config.steps and not self.stopping:
                 self.step()
+            self.publisher.wait()  # the last version trained is published too
             self.checkpoint()  # at exit, also on Ctrl-C / SIGTERM
         except Exception as exc:
             # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
             self.events.event("crashed", version=self.core.version, error=f"{type(exc).__name__}: {exc}")
-            if self.core.version in self.store.hashes:  # the current version was published, so it is finite
+            if self.checked_version == self.core.version:  # the current version was found finite when handed over
                 self.checkpoint()
             raise
 
@@ -324,7 +334,7 @@ class Learner(Peer):
             return True
         self.publish()
         self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"], team=dict(self.team.stats),
-                        weights_hash=self.store.hashes[self.core.version])
+                        weights_hash=self.store.hashes.get(self.core.version))
         self._stepped()
         self.echo(f"step {self.core.version}: on the other learners' groups only")
         return True
@@ -356,7 +366,7 @@ class Learner(Peer):
     def _record_step(self, metrics: dict) -> None:
         verifier, server, inbox = self.verifier, self.server, self.inbox
         self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"],
-                        dropped=dict(self.intake.dropped), weights_hash=self.store.hashes[self.core.version],
+                        dropped=dict(self.intake.dropped), weights_hash=self.store.hashes.get(self.core.version),
                         inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                         skipped_steps=self.totals["skipped_steps"], verified=verifier.checked,
                         verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
@@ -387,21 +397,30 @@ class Learner(Peer):
 
     # -- publish, heartbeat, checkpoint -----------------------------------------------------------
 
-    def publish(self) -> None:
-        """Makes the current weights the next published version (in the dtype samplers run) and has
-        it announced."""
+    def publish(self, *, now: bool = False) -> None:
+        """Makes the current weights the next published version (in the dtype samplers run): a
+        snapshot is taken here, and the publisher encodes, hashes and announces it in the background
+        (`now`: in this thread, as the first version is, before anything else happens)."""
         core = self.core
-        state = {k: (v.detach().to(self.publish_dtype) if v.is_floating_point() else v.detach())
+        # a copy, on the CPU: the next step changes the weights while the publisher encodes these
+        state = {k: v.detach().to("cpu", self.publish_dtype if v.is_floating_point() else v.dtype, copy=True)
                  for k, v in self.model.state_dict().items()}
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
                                f"Resume from the last checkpoint in {self.run_dir / 'checkpoints'} with a lower --learning-rate")
-        self.sharers.publishing(core.version)  # who fetches its delta, looked up while it is encoded
-        self.store.add(core.version, state)
+        self.checked_version = core.version
+        if now:
+            self.publisher.publish_now(core.version, state)
+        else:
+            self.publisher.submit(core.version, state)  # raises when the publisher failed
+
+    def _published(self, version: int, digest: str) -> None:
+        """A version is held and hashed (the publisher's thread): record it, then have it announced."""
         # atomic: a torn file would let a resumed learner announce an older version number
-        write_json_atomic(self.run_dir / "published.json", {"version": core.version, "hash": self.store.hashes[core.version]})
-        self.inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
+        write_json_atomic(self.run_dir / "published.json", {"version": version, "hash": digest})
+        self.inbox.learner_version = version  # before announcing: groups at the new version are welcome
+        self.events.event("published", version=version, hash=digest, skipped=len(self.publisher.skipped))
         if self.pulse is None:
             self.heartbeat()  # the first version is announced before anything else happens
         else:
@@ -430,7 +449,7 @@ class Learner(Peer):
     def master_hash(self) -> str:
         """The hash of the float32 weights a checkpoint holds (what --resume checks them against);
         the published version's own hash when it is published in float32."""
-        if self.dtype == "float32":
+        if self.dtype == "float32" and self.core.version in self.store.hashes:
             return self.store.hashes[self.core.version]
         return state_hash({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
 

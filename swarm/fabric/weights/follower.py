@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 from swarm.config.learner_keys import encode_learner_key
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
-from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
+from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, delta_base, sharers_for
 from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy
@@ -259,7 +259,7 @@ class VersionFollower:
         """The payload to fetch in chunks: the delta when this peer holds the version before the
         announced one, the snapshot when it holds none, if the learner announced it chunked."""
         latest = self.store.latest
-        kind = "snapshot" if latest is None else "delta" if latest == ann.version - 1 else None
+        kind = "snapshot" if latest is None else "delta" if latest == delta_base(ann) else None
         spec = ann.chunks.get(kind) if kind else None
         return None if spec is None or spec.size > self.client.max_payload_bytes else spec
 
@@ -279,7 +279,8 @@ class VersionFollower:
         # answer lately (a stream reset or time-out on a loaded peer) is asked again: the fetch
         # passes it over at its second failure (SHARER_FAILURES), and otherwise the learner would send its stripe again
         # in the learner's order (a chain's: slow links last), the same list at every sampler; else sorted
-        sharers = list(dict.fromkeys(named)) if named is not None else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable)
+        sharers = list(dict.fromkeys(named)) if named is not None else \
+            sharers_for(spec, members, me=me, me_relays=self.fabric.dialable, base=delta_base(ann))
         avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)
