@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-BENCHMARKS = ["is_variance", "learner_overhead", "generation_throughput", "generation_memory", "learner_step", "fabric", "fanout", "fanout_wan", "logprob_tolerance", "flood_memory", "learner_memory", "delta_scale", "delta_speed", "midsize_peers", "vllm_throughput", "learners"]
+BENCHMARKS = ["is_variance", "learner_overhead", "generation_throughput", "generation_memory", "learner_step", "fabric", "fanout", "fanout_wan", "logprob_tolerance", "flood_memory", "learner_memory", "delta_scale", "delta_speed", "midsize_peers", "vllm_throughput", "learners", "publish_overlap", "version_memory"]
 
 
 def main(argv: list[str] | None = None) -> int:

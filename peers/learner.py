@@ -4,9 +4,11 @@ any peer that asks). In its run directory: ready.json once it has joined (peer i
 `--learner-key`; also alone in learner.key), steps.jsonl (one record per step), events.jsonl, config.yaml and
 checkpoints.
 
-Versions never go backwards: every published version is recorded in `published.json` before it is
-announced, and a resumed learner continues after the newest of that, its checkpoint and the
-announcement still in the swarm. When the checkpoint is older than what was published (a learner
+Versions are published in the background (swarm.fabric.weights.publisher): the next step trains
+while the last version is encoded, hashed and announced, and a version the publisher could not keep
+up with is skipped (the next delta carries its change). Versions never go backwards: every published
+version is recorded in `published.json` before it is announced, and a resumed learner continues
+after the newest of that, its last step record, its checkpoint and the announcement still in the swarm. When the checkpoint is older than what was published (a learner
 killed between checkpoints), its weights are published under a new version number, so samplers
 holding the lost versions see a newer version and fetch it in full.
 """
@@ -58,6 +60,23 @@ def published_version(run_dir: Path) -> int | None:
         return int(json.loads((run_dir / "published.json").read_text())["version"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def logged_version(run_dir: Path) -> int | None:
+    """The version of the last step record in steps.jsonl (a version trained, maybe never published:
+    publishing runs behind training)."""
+    try:
+        with (run_dir / "steps.jsonl").open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["version"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line, or the start of one cut by the seek
+    return None
 
 
 def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
@@ -198,11 +217,14 @@ class Learner(Peer):
                                         certificate=self.fabric.certificate))
 
     def _continue_after(self, resume_from) -> None:
-        """Versions never go backwards: a checkpoint older than what was published continues after it."""
+        """Versions never go backwards: a checkpoint older than what was published or recorded continues after it."""
         own = self.fabric.latest_announced([self.fabric.public_key])
-        newest = max(v for v in (published_version(self.run_dir), own.version if own else None, resume_from.version) if v is not None)
+        # (and the steps recorded: a version trained but not yet published when the learner died
+        # keeps its number too, so no two step records share one)
+        newest = max(v for v in (published_version(self.run_dir), own.version if own else None, resume_from.version,
+                                 logged_version(self.run_dir)) if v is not None)
         if newest > resume_from.version:
-            self.echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
+            self.echo(f"checkpoint is at version {resume_from.version} but {newest} was published or trained; its weights continue as version {newest + 1}")
             self.core.version = newest + 1
         self.echo(f"resumed from {resume_from.path}")
         self.events.event("resumed", checkpoint=str(resume_from.path), version=self.core.version)
