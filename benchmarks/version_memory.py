@@ -10,7 +10,7 @@ Also measured: the time to rebuild the oldest version (64 undo deltas, each resu
 its hash) and the newest but one (one undo delta), with no rebuilt version cached.
 
 `python -m benchmarks version_memory` (GEPO_VERSION_MEMORY_VERSIONS=65, GEPO_VERSION_MEMORY_SCALE=1.0:
-a fraction of the model's width for a quicker run)
+a fraction of the vocabulary and MLP width, GEPO_VERSION_MEMORY_LAYERS=28: fewer layers, for a quicker run)
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from benchmarks.common import markdown_table, write_result
 CHANGED = 0.04  # share of elements moved per version
 
 
-def qwen3_06b_shapes(scale: float = 1.0) -> dict[str, tuple[int, ...]]:
+def qwen3_06b_shapes(scale: float = 1.0, layers: int = 28) -> dict[str, tuple[int, ...]]:
     """Qwen3-0.6B's parameter shapes (config.json: hidden 1024, 28 layers, 16 query heads and 8
     key-value heads of 128, MLP 3072, vocabulary 151,936, tied embeddings); `scale` narrows the
-    vocabulary and MLP for a quicker run."""
-    hidden, layers, heads, kv_heads, head_dim = 1024, 28, 16, 8, 128
+    vocabulary and MLP and `layers` takes fewer layers, for a quicker run."""
+    hidden, heads, kv_heads, head_dim = 1024, 16, 8, 128
     mlp, vocab = int(3072 * scale), int(151936 * scale)
     shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
@@ -71,10 +71,11 @@ def run() -> dict:
 
     versions = int(os.environ.get("GEPO_VERSION_MEMORY_VERSIONS", 65))
     scale = float(os.environ.get("GEPO_VERSION_MEMORY_SCALE", 1.0))
+    layers = int(os.environ.get("GEPO_VERSION_MEMORY_LAYERS", 28))
     load_before = os.getloadavg()[0]
     gen = torch.Generator().manual_seed(0)
     rss_start = rss_bytes()
-    state = first_state(qwen3_06b_shapes(scale), gen)
+    state = first_state(qwen3_06b_shapes(scale, layers), gen)
     size = snapshot_bytes(state)
     params = sum(t.numel() for t in state.values())
     rss_one = rss_bytes() - rss_start
@@ -103,7 +104,7 @@ def run() -> dict:
     load_after = os.getloadavg()[0]
     tracked = held["whole"] + held["undo"] + held["deltas"]
     figures = {
-        "versions": versions, "scale": scale, "parameters": params, "snapshot_bytes": size, "changed_per_version": CHANGED,
+        "versions": versions, "scale": scale, "layers": layers, "parameters": params, "snapshot_bytes": size, "changed_per_version": CHANGED,
         "held_bytes": held, "tracked_bytes": tracked, "tracked_over_snapshot": round(tracked / size, 3),
         "old_store_over_snapshot": versions, "rss_one_state_bytes": rss_one, "rss_held_bytes": rss_held,
         "rss_held_over_snapshot": round(rss_held / size, 3), "rss_after_rebuilds_bytes": rss_peak,
@@ -112,7 +113,9 @@ def run() -> dict:
         "load_average": [round(load_before, 2), round(load_after, 2)], "cpus": os.cpu_count(),
         "busy": load_before > 1.5 or load_after > 1.5,
     }
-    markdown = (f"# Versions held at Qwen3-0.6B shape\n\n{__doc__.strip()}\n\n"
+    full = scale == 1.0 and layers == 28
+    shape = "Qwen3-0.6B shape" if full else f"Qwen3-0.6B shape narrowed to {scale:g} of its vocabulary and MLP, {layers} layers"
+    markdown = (f"# Versions held at {shape}\n\n{__doc__.strip()}\n\n"
                 + markdown_table(["measure", "value"], [
                     ["parameters", params], ["one snapshot (GB)", round(size / 1e9, 3)],
                     [f"{versions} versions, tracked bytes (GB)", round(tracked / 1e9, 3)],
@@ -129,5 +132,5 @@ def run() -> dict:
                 + f"\nLoad average before/after: {figures['load_average']} on {os.cpu_count()} CPUs"
                 + (" (the machine was busy with other work: timings are disturbed, bytes are not)" if figures["busy"] else "")
                 + "\n")
-    write_result("version_memory" if scale == 1.0 else f"version_memory_scale{scale:g}", figures, markdown)
+    write_result("version_memory" if full else f"version_memory_scale{scale:g}_layers{layers}", figures, markdown)
     return figures
