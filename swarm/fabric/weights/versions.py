@@ -7,7 +7,14 @@ grpc/weights.py).
 Only the run's learners may publish: a receiver is given the learners' public keys (the
 `[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
 volunteer cannot push weights. A receiver that holds version k asks for k -> want and gets the
-chain of deltas; a new or too-far-behind receiver gets a snapshot.
+chain of deltas; a new or too-far-behind receiver gets a snapshot. Published versions need not be
+consecutive: a learner whose publishing falls behind skips versions (publisher.py), and each delta
+goes from the version published before it (`VersionStore.bases`; receivers read it from the
+announcement's recent versions: chunked_fetch.delta_base).
+
+A learner holds up to max_staleness + 1 versions for verification and serving, so not each one
+whole: the newest is whole and each older one an undo delta from the one after it, rebuilt on
+demand (`VersionStore.state`) with a small cache of the versions rebuilt last.
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ from swarm.fabric.weights.upload_slots import HolderBusy
 logger = logging.getLogger(__name__)
 
 
-# How many versions a peer keeps in memory (a learner up to this many plus the current one, for
-# deltas to samplers that far behind; a sampler simulating latency this many, or --lag-steps + 2).
+# How many versions a peer keeps (a learner up to this many plus the current one, for verifying
+# groups and deltas to samplers that far behind, all but the newest as undo deltas; a sampler
+# simulating latency this many, or --lag-steps + 2, whole).
 MAX_HELD_VERSIONS = 64
 
 
