@@ -65,6 +65,18 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def trimmed_rss() -> int:
+    """RSS once glibc has handed freed memory back (malloc_trim): what the held versions take, not
+    the heap the encoders' threads left free behind them."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss_bytes()
+
+
 def run() -> dict:
     from swarm.fabric.weights.delta import state_hash
     from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
@@ -91,6 +103,7 @@ def run() -> dict:
     del state
     held = store.held_bytes()
     rss_held = rss_bytes() - rss_start
+    rss_trimmed = trimmed_rss() - rss_start
     oldest, hot = min(store.hashes), max(store.hashes) - 1
     timings = {}
     for name, version in (("newest_but_one", hot), ("oldest", oldest)):
@@ -107,7 +120,8 @@ def run() -> dict:
         "versions": versions, "scale": scale, "layers": layers, "parameters": params, "snapshot_bytes": size, "changed_per_version": CHANGED,
         "held_bytes": held, "tracked_bytes": tracked, "tracked_over_snapshot": round(tracked / size, 3),
         "old_store_over_snapshot": versions, "rss_one_state_bytes": rss_one, "rss_held_bytes": rss_held,
-        "rss_held_over_snapshot": round(rss_held / size, 3), "rss_after_rebuilds_bytes": rss_peak,
+        "rss_held_over_snapshot": round(rss_held / size, 3), "rss_trimmed_bytes": rss_trimmed,
+        "rss_trimmed_over_snapshot": round(rss_trimmed / size, 3), "rss_after_rebuilds_bytes": rss_peak,
         "add_seconds_median": round(sorted(add_s)[len(add_s) // 2], 2), "rebuild_seconds": timings,
         "rebuild_oldest_undo_deltas": versions - 1,
         "load_average": [round(load_before, 2), round(load_after, 2)], "cpus": os.cpu_count(),
@@ -124,6 +138,7 @@ def run() -> dict:
                      f"{held['whole'] / 1e9:.3f} / {held['undo'] / 1e9:.3f} / {held['deltas'] / 1e9:.3f}"],
                     [f"{versions} versions, RSS (GB)", round(rss_held / 1e9, 3)],
                     ["... in snapshots", round(rss_held / size, 3)],
+                    ["... in snapshots, once freed heap is trimmed (malloc_trim)", round(rss_trimmed / size, 3)],
                     [f"the old store ({versions} whole states), in snapshots", versions],
                     ["add a version (encode delta and undo delta, hash), median s", figures["add_seconds_median"]],
                     ["rebuild the newest but one, s", timings["newest_but_one"]],
