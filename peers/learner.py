@@ -4,9 +4,11 @@ any peer that asks). In its run directory: ready.json once it has joined (peer i
 `--learner-key`; also alone in learner.key), steps.jsonl (one record per step), events.jsonl, config.yaml and
 checkpoints.
 
-Versions never go backwards: every published version is recorded in `published.json` before it is
-announced, and a resumed learner continues after the newest of that, its checkpoint and the
-announcement still in the swarm. When the checkpoint is older than what was published (a learner
+Versions are published in the background (swarm.fabric.weights.publisher): the next step trains
+while the last version is encoded, hashed and announced, and a version the publisher could not keep
+up with is skipped (the next delta carries its change). Versions never go backwards: every published
+version is recorded in `published.json` before it is announced, and a resumed learner continues
+after the newest of that, its last step record, its checkpoint and the announcement still in the swarm. When the checkpoint is older than what was published (a learner
 killed between checkpoints), its weights are published under a new version number, so samplers
 holding the lost versions see a newer version and fetch it in full.
 """
@@ -38,6 +40,7 @@ from swarm.fabric.transports import join_with
 from swarm.fabric.weights.announcements import RunSampling
 from swarm.fabric.weights.chunked_fetch import SharerView
 from swarm.fabric.weights.delta import non_finite_tensors, state_hash
+from swarm.fabric.weights.publisher import Publisher
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
 from swarm.intake import GroupIntake
 from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
@@ -60,6 +63,23 @@ def published_version(run_dir: Path) -> int | None:
         return int(json.loads((run_dir / "published.json").read_text())["version"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+def logged_version(run_dir: Path) -> int | None:
+    """The version of the last step record in steps.jsonl (a version trained, maybe never published:
+    publishing runs behind training)."""
+    try:
+        with (run_dir / "steps.jsonl").open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["version"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line, or the start of one cut by the seek
+    return None
 
 
 def check_run_dir(config: LearnerConfig) -> tuple[Path, object]:
@@ -120,6 +140,8 @@ class Learner(Peer):
         self.progress = progress or LineProgress(echo)
         self.team: LearnerTeam | None = None
         self.dashboard = self.pulse = None  # no pulse yet: the first version is announced in the caller's thread
+        self.publisher: Publisher | None = None
+        self.checked_version: int | None = None  # the newest version found finite (handed to the publisher)
         self.started = False  # whether the training loop began: only a run that started records its stop
         self.totals = {"used": 0, "tokens_per_s": 0.0, "skipped_steps": 0, "gap_warnings": 0}
         # for its record (`swarm status` flags a learner that stops stepping): when it last stepped, and
@@ -209,11 +231,14 @@ class Learner(Peer):
                                         certificate=self.fabric.certificate))
 
     def _continue_after(self, resume_from) -> None:
-        """Versions never go backwards: a checkpoint older than what was published continues after it."""
+        """Versions never go backwards: a checkpoint older than what was published or recorded continues after it."""
         own = self.fabric.latest_announced([self.fabric.public_key])
-        newest = max(v for v in (published_version(self.run_dir), own.version if own else None, resume_from.version) if v is not None)
+        # (and the steps recorded: a version trained but not yet published when the learner died
+        # keeps its number too, so no two step records share one)
+        newest = max(v for v in (published_version(self.run_dir), own.version if own else None, resume_from.version,
+                                 logged_version(self.run_dir)) if v is not None)
         if newest > resume_from.version:
-            self.echo(f"checkpoint is at version {resume_from.version} but {newest} was published; its weights continue as version {newest + 1}")
+            self.echo(f"checkpoint is at version {resume_from.version} but {newest} was published or trained; its weights continue as version {newest + 1}")
             self.core.version = newest + 1
         self.echo(f"resumed from {resume_from.path}")
         self.events.event("resumed", checkpoint=str(resume_from.path), version=self.core.version)
@@ -221,7 +246,11 @@ class Learner(Peer):
     def _open_intake(self) -> None:
         """The versions it serves, the inbox samplers send to, and the checks each group passes."""
         config, tokenizer = self.config, self.tokenizer
-        self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1))
+        # the newest version whole, older ones as undo deltas rebuilt on demand (65 whole versions
+        # of a 0.6B policy would take 78 GB); forward deltas for half a snapshot: a sampler further
+        # behind gets the snapshot
+        self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1), whole_states=1,
+                                  cached_states=1, delta_budget=0.5)
         self.server = self.hold(self.fabric.weight_server(self.store))
         # the ids a policy can emit: its output layer's rows, which models pad past the tokenizer
         # (Qwen3: 151,936 rows for 151,669 tokens), so an honest sampler may draw a padding id
@@ -233,7 +262,7 @@ class Learner(Peer):
             capacity=config.groups_per_step * 2,
             bans=PeerBans(config.ban_after, config.ban_window_s, config.ban_s),
             limits=WireLimits.for_run(getattr(self.model.config, "max_position_embeddings", None), config.max_completion_length)))
-        self.verifier = LogprobVerifier(self.model, self.store.states, lock=self.store.lock, pad_token_id=tokenizer.pad_token_id,
+        self.verifier = LogprobVerifier(self.model, self.store.states, pad_token_id=tokenizer.pad_token_id,
                                         fraction=config.verify_fraction, tolerance=config.verify_tolerance,
                                         evidence=GapEvidence(ban_after=config.verify_ban_after, window=config.verify_ban_window))
         self.intake = self.hold(GroupIntake(
@@ -276,7 +305,9 @@ class Learner(Peer):
                                     tuple(config.stop_strings))
         # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
-        self.publish()
+        # encodes, hashes and announces versions while the next step trains (closed after the pulse)
+        self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing))
+        self.publish(now=True)
         # announcements and the membership record on their own schedule: a step longer than a record's
         # life (any real LLM's) no longer takes the learner out of the listing
         self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="learner-heartbeat"))
@@ -292,11 +323,12 @@ class Learner(Peer):
         try:
             while self.core.version < self.config.steps and not self.stopping:
                 self.step()
+            self.publisher.wait()  # the last version trained is published too
             self.checkpoint()  # at exit, also on Ctrl-C / SIGTERM
         except Exception as exc:
             # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
             self.events.event("crashed", version=self.core.version, error=f"{type(exc).__name__}: {exc}")
-            if self.core.version in self.store.hashes:  # the current version was published, so it is finite
+            if self.checked_version == self.core.version:  # the current version was found finite when handed over
                 self.checkpoint()
             raise
 
@@ -340,7 +372,7 @@ class Learner(Peer):
             return True
         self.publish()
         self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"], team=dict(self.team.stats),
-                        weights_hash=self.store.hashes[self.core.version])
+                        weights_hash=self.store.hashes.get(self.core.version))
         self._stepped()
         self.echo(f"step {self.core.version}: on the other learners' groups only")
         return True
@@ -388,7 +420,7 @@ class Learner(Peer):
     def _record_step(self, metrics: dict) -> None:
         verifier, server, inbox = self.verifier, self.server, self.inbox
         self.steps.step(metrics, seconds=time.time() - self.last_step, used_total=self.totals["used"],
-                        dropped=dict(self.intake.dropped), weights_hash=self.store.hashes[self.core.version],
+                        dropped=dict(self.intake.dropped), weights_hash=self.store.hashes.get(self.core.version),
                         inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                         skipped_steps=self.totals["skipped_steps"], verified=verifier.checked,
                         verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
@@ -419,20 +451,30 @@ class Learner(Peer):
 
     # -- publish, heartbeat, checkpoint -----------------------------------------------------------
 
-    def publish(self) -> None:
-        """Makes the current weights the next published version (in the dtype samplers run) and has
-        it announced."""
+    def publish(self, *, now: bool = False) -> None:
+        """Makes the current weights the next published version (in the dtype samplers run): a
+        snapshot is taken here, and the publisher encodes, hashes and announces it in the background
+        (`now`: in this thread, as the first version is, before anything else happens)."""
         core = self.core
-        state = unique_state(self.model, self.publish_dtype)  # a tied parameter once (swarm/tied_weights.py)
+        # a tied parameter once (swarm/tied_weights.py), copied to the CPU: the next step changes the
+        # weights while the publisher encodes these
+        state = unique_state(self.model, self.publish_dtype, copy=True)
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
                                f"Resume from the last checkpoint in {self.run_dir / 'checkpoints'} with a lower --learning-rate")
-        self.sharers.publishing(core.version)  # who fetches its delta, looked up while it is encoded
-        self.store.add(core.version, state)
+        self.checked_version = core.version
+        if now:
+            self.publisher.publish_now(core.version, state)
+        else:
+            self.publisher.submit(core.version, state)  # raises when the publisher failed
+
+    def _published(self, version: int, digest: str) -> None:
+        """A version is held and hashed (the publisher's thread): record it, then have it announced."""
         # atomic: a torn file would let a resumed learner announce an older version number
-        write_json_atomic(self.run_dir / "published.json", {"version": core.version, "hash": self.store.hashes[core.version]})
-        self.inbox.learner_version = core.version  # before announcing: groups at the new version are welcome
+        write_json_atomic(self.run_dir / "published.json", {"version": version, "hash": digest})
+        self.inbox.learner_version = version  # before announcing: groups at the new version are welcome
+        self.events.event("published", version=version, hash=digest, skipped=len(self.publisher.skipped))
         if self.pulse is None:
             self.heartbeat()  # the first version is announced before anything else happens
         else:
@@ -461,7 +503,7 @@ class Learner(Peer):
     def master_hash(self) -> str:
         """The hash of the float32 weights a checkpoint holds (what --resume checks them against);
         the published version's own hash when it is published in float32."""
-        if self.dtype == "float32":
+        if self.dtype == "float32" and self.core.version in self.store.hashes:
             return self.store.hashes[self.core.version]
         return state_hash(unique_state(self.model))
 

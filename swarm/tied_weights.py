@@ -51,11 +51,15 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def unique_state(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def unique_state(model: torch.nn.Module, dtype: torch.dtype | None = None, *, copy: bool = False) -> dict[str, torch.Tensor]:
     """model.state_dict() without aliases of the same parameter, detached; floating-point tensors
     cast to `dtype` when given (a learner publishes in the dtype samplers run). What a learner
-    publishes, hashes (`master_hash`) and checks a checkpoint against."""
+    publishes, hashes (`master_hash`) and checks a checkpoint against. `copy`: every tensor a copy on
+    the CPU, never a view of the model's own (a publisher encodes it while the next step trains)."""
     aliases = tied_aliases(model)
+    if copy:
+        return {k: v.detach().to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype, copy=True)
+                for k, v in model.state_dict().items() if k not in aliases}
     return {k: (v.detach().to(dtype) if dtype is not None and v.is_floating_point() else v.detach())
             for k, v in model.state_dict().items() if k not in aliases}
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 import time
 from collections import OrderedDict, deque
 from typing import Mapping
@@ -109,16 +110,17 @@ class LogprobVerifier:
     """Recomputes q for a fraction of groups at their claimed version.
 
     model: the learner's policy (copied once: the copy holds whichever version is being checked).
-    states: version -> weights, the versions the learner holds (its VersionStore.states), read
-    under `lock`. fraction: the share of groups checked, each drawn independently from the OS's
-    randomness. tolerance: see the module docstring. evidence: the ban rule (GapEvidence)."""
+    states: version -> weights, the versions the learner holds (its VersionStore.states, which
+    rebuilds an older version on demand; thread-safe itself); `lock` guards loading the copy.
+    fraction: the share of groups checked, each drawn independently from the OS's randomness.
+    tolerance: see the module docstring. evidence: the ban rule (GapEvidence)."""
 
-    def __init__(self, model, states: Mapping[int, Mapping[str, torch.Tensor]], *, lock, pad_token_id: int,
+    def __init__(self, model, states: Mapping[int, Mapping[str, torch.Tensor]], *, lock=None, pad_token_id: int,
                  fraction: float = default_of(LearnerConfig, "verify_fraction"),
                  tolerance: float = default_of(LearnerConfig, "verify_tolerance"), evidence: GapEvidence | None = None) -> None:
         if not 0 <= fraction <= 1:
             raise ValueError(f"verification fraction {fraction} must be in [0, 1]")
-        self.states, self.lock, self.pad_token_id = states, lock, pad_token_id
+        self.states, self.lock, self.pad_token_id = states, lock or threading.Lock(), pad_token_id
         self.fraction, self.tolerance = fraction, tolerance
         self.evidence = evidence or GapEvidence()
         self.rng = random.SystemRandom()  # not --seed: a sampler must not know which of its groups are checked
@@ -137,13 +139,16 @@ class LogprobVerifier:
         ("version not held" is nobody's fault)."""
         started = time.perf_counter()
         try:
-            with self.lock:
-                state = self.states.get(group.version)
-                if state is not None and self.loaded != group.version:
+            if group.version not in self.states:
+                return "version not held"
+            if self.loaded != group.version:  # (a held version may be rebuilt for this: the copy keeps the last one)
+                try:
+                    state = self.states[group.version]
+                except KeyError:  # dropped meanwhile
+                    return "version not held"
+                with self.lock:
                     load_unique_state(self.model, state)  # published states hold a tied parameter once
                     self.loaded = group.version
-            if state is None:
-                return "version not held"
             gap = self.gap(group)
         finally:
             self.seconds += time.perf_counter() - started

@@ -127,9 +127,16 @@ class ChunkSources:
     avoid: frozenset[str] = frozenset()
 
 
-def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool) -> list[str]:
+def delta_base(ann) -> int:
+    """The version an announced version's delta applies to: the newest of the learner's recent
+    versions before it (a learner whose publishing fell behind skips versions), else the one before."""
+    return max((v for v in ann.recent if v < ann.version), default=ann.version - 1)
+
+
+def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool, base: int | None = None) -> list[str]:
     """The peers that fetch `spec`'s payload now, by their records (sorted: every peer deals the
-    stripes out alike): relaying samplers one version behind (a delta), or holding none (a snapshot)."""
+    stripes out alike): relaying samplers holding the delta's `base` as their newest (default: the
+    version before), or holding none (a snapshot)."""
     found = set()
     for member in members:
         record = member.record
@@ -137,7 +144,7 @@ def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool)
         if holds is None or record.role != "sampler" or record.relay is not True or record.peer_id == me or spec.version in holds:
             continue
         newest = max(holds) if holds else None
-        if (newest == spec.version - 1) if spec.kind == "delta" else newest is None:
+        if (newest == (spec.version - 1 if base is None else base)) if spec.kind == "delta" else newest is None:
             found.add(record.peer_id)
     if me_relays:
         found.add(me)
@@ -156,10 +163,13 @@ class SharerView:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sharer-view")
         self._lookup: tuple[int, Future] | None = None
         self._named: tuple[int, list[str]] | None = None
+        self._base: int | None = None  # what the delta being published applies to
         self.links = LinkJudge()  # the chains named and how fast their samplers fetched them
 
-    def publishing(self, version: int) -> None:
+    def publishing(self, version: int, base: int | None = None) -> None:
+        """`version` is being encoded, as a delta from `base` (default: the version before)."""
         self._lookup = (version, self._pool.submit(self.fabric.members))
+        self._base = base
 
     def announced(self, version: int, chunks) -> list[str]:
         """The sharers to name in the announcement of `version` (chunks: what it announces; the
@@ -179,7 +189,8 @@ class SharerView:
         named = []
         if members is not None:
             self.links.heard(members)
-            named = self.links.order(sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False), version)
+            named = self.links.order(sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False, base=self._base),
+                                     version)
             if len(named) <= CHAIN_MAX:  # (more deal the chunks out in stripes: their rates say less)
                 self.links.named(version, named)
         self._named = (version, named)

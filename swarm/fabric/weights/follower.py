@@ -33,7 +33,7 @@ from swarm.fabric.membership.authority import key_fingerprint
 from swarm.fabric.membership.records import believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
-from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, sharers_for
+from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, delta_base, sharers_for
 from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy
@@ -277,7 +277,7 @@ class VersionFollower:
         """The payload to fetch in chunks: the delta when this peer holds the version before the
         announced one, the snapshot when it holds none, if the learner announced it chunked."""
         latest = self.store.latest
-        kind = "snapshot" if latest is None else "delta" if latest == ann.version - 1 else None
+        kind = "snapshot" if latest is None else "delta" if latest == delta_base(ann) else None
         spec = ann.chunks.get(kind) if kind else None
         return None if spec is None or spec.size > self.client.max_payload_bytes else spec
 
@@ -297,7 +297,7 @@ class VersionFollower:
         # passes it over at its second failure (SHARER_FAILURES), and otherwise the learner would send its stripe again
         # in the learner's order (a chain's: slow links last), the same list at every sampler; else sorted
         sharers = ([p for p in dict.fromkeys(named) if dialable_peer_id(p)] if named is not None
-                   else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable))
+                   else sharers_for(spec, members, me=me, me_relays=self.fabric.dialable, base=delta_base(ann)))
         avoid = frozenset(p for p in sharers if p != me and self._is_struck(p))
         started = time.time()
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)

@@ -7,7 +7,14 @@ grpc/weights.py).
 Only the run's learners may publish: a receiver is given the learners' public keys (the
 `[owner:...]` bytes of their signing keys) and ignores announcements under any other key, so a
 volunteer cannot push weights. A receiver that holds version k asks for k -> want and gets the
-chain of deltas; a new or too-far-behind receiver gets a snapshot.
+chain of deltas; a new or too-far-behind receiver gets a snapshot. Published versions need not be
+consecutive: a learner whose publishing falls behind skips versions (publisher.py), and each delta
+goes from the version published before it (`VersionStore.bases`; receivers read it from the
+announcement's recent versions: chunked_fetch.delta_base).
+
+A learner holds up to max_staleness + 1 versions for verification and serving, so not each one
+whole: the newest is whole and each older one an undo delta from the one after it, rebuilt on
+demand (`VersionStore.state`) with a small cache of the versions rebuilt last.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import torch
 
@@ -43,8 +50,9 @@ from swarm.fabric.weights.upload_slots import HolderBusy
 logger = logging.getLogger(__name__)
 
 
-# How many versions a peer keeps in memory (a learner up to this many plus the current one, for
-# deltas to samplers that far behind; a sampler simulating latency this many, or --lag-steps + 2).
+# How many versions a peer keeps (a learner up to this many plus the current one, for verifying
+# groups and deltas to samplers that far behind, all but the newest as undo deltas; a sampler
+# simulating latency this many, or --lag-steps + 2, whole).
 MAX_HELD_VERSIONS = 64
 
 
@@ -116,16 +124,60 @@ class FetchResult:
         return fields
 
 
-class VersionStore:
-    """The versions a peer holds: each one's weights and the delta that produced it. Thread-safe
-    (`lock` guards `states`): a weight server reads it while the peer adds versions."""
+class HeldStates(Mapping):
+    """version -> weights of every version a store holds, rebuilt on demand (VersionStore.state):
+    `in`, iteration and len() read the held versions without rebuilding anything."""
 
-    def __init__(self, capacity: int = 8) -> None:
-        self.capacity = capacity
+    def __init__(self, store: "VersionStore") -> None:
+        self._store = store
+
+    def __getitem__(self, version: int) -> dict[str, torch.Tensor]:
+        return self._store.state(version)
+
+    def __contains__(self, version) -> bool:
+        return version in self._store.hashes
+
+    def __iter__(self) -> Iterator[int]:
+        with self._store.lock:
+            return iter(list(self._store.hashes))
+
+    def __len__(self) -> int:
+        return len(self._store.hashes)
+
+
+class VersionStore:
+    """The versions a peer holds: each one's hash, the delta that produced it (from the version held
+    before it, `bases`) and its weights, held as few whole states plus the chain of deltas between
+    them (`states` rebuilds any held version on demand). Thread-safe (`lock` guards what is held):
+    a weight server reads it while the peer adds versions.
+
+    capacity: the most versions held (the oldest go first). whole_states: how many of the newest
+    versions are held whole (None: all of them, as a sampler that loads them does); each older one
+    is held as an undo delta from the version after it, encoded as it stops being whole, and is
+    rebuilt from the nearest whole state by applying undo deltas, each checked against the version's
+    hash. At Qwen3-0.6B shape (1.2 GB a state) with ~4% of elements changing per version an undo
+    delta is ~1.7% of a state: 65 versions held as one whole state and 64 undo deltas take about two
+    states' worth instead of 65 (benchmarks/version_memory.py). cached_states: the most recently
+    rebuilt versions kept whole beside them (an LRU: verification asks for a few recent versions
+    over and over). delta_budget: how many snapshots' worth of forward deltas (those served) are
+    kept, newest first: a receiver further behind than that gets a snapshot, which payloads() would
+    send it anyway once the chain outweighs one (None: every held version's)."""
+
+    def __init__(self, capacity: int = 8, *, whole_states: int | None = None, cached_states: int = 1,
+                 delta_budget: float | None = None) -> None:
+        if whole_states is not None and whole_states < 1:
+            raise ValueError(f"whole_states must be at least 1 (the newest version is always held whole), not {whole_states}")
+        self.capacity, self.whole_states, self.cached_states, self.delta_budget = capacity, whole_states, cached_states, delta_budget
         self.lock = threading.RLock()
-        self.states: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
-        self.deltas: dict[int, bytes] = {}  # version -> delta from version - 1
-        self.hashes: dict[int, str] = {}
+        self.hashes: dict[int, str] = {}  # every held version, in ascending order
+        self.deltas: dict[int, bytes] = {}  # version -> delta from bases[version] (the version held before it)
+        self.bases: dict[int, int] = {}
+        self.states = HeldStates(self)
+        self._whole: dict[int, dict[str, torch.Tensor]] = {}
+        self._undo: dict[int, tuple[int, bytes]] = {}  # version -> (the version it is rebuilt from, the delta that does it)
+        self._cache: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
+        self._rebuilding = threading.Lock()  # one rebuild at a time: each holds a whole state while it works
+        self._state_bytes = 0  # a whole state's size (snapshot_bytes of the newest)
         self._snapshot: tuple[int, bytes] | None = None  # the last snapshot encoded: new peers ask for the same one
         self._added_at: dict[int, float] = {}  # version -> when it was added (time.monotonic)
         self.book = ChunkBook(self.payload)  # what this peer serves in chunks (and receives, while it does)
@@ -133,52 +185,134 @@ class VersionStore:
     @property
     def latest(self) -> int | None:
         with self.lock:
-            return next(reversed(self.states)) if self.states else None
+            return next(reversed(self.hashes)) if self.hashes else None
 
     def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None, *,
-            digest: str | None = None, snapshot: bytes | None = None, owned: bool = False) -> str:
-        """Hold `state` as `version` (computing the delta from version - 1 when held). A receiver
-        passes what it has verified already: the `digest`, the `snapshot` payload it received (served
-        on as is), and `owned=True` when nothing else refers to `state` (no copy is made)."""
+            digest: str | None = None, snapshot: bytes | None = None, owned: bool = False, base: int | None = None) -> str:
+        """Hold `state` as `version`, newer than any held (computing the delta from the newest held
+        version when none is given). A receiver passes what it has verified already: the `delta` it
+        applied and the version it applied it to (`base`; default version - 1), the `digest`, the
+        `snapshot` payload it received (served on as is), and `owned=True` when nothing else refers
+        to `state` (no copy is made). The encoding runs outside the lock: one thread adds."""
         if not owned:
             state = {k: v.detach().cpu().clone() for k, v in state.items()}
         digest = digest or state_hash(state)
         with self.lock:
+            latest = self.latest
+            if latest is not None and version <= latest:
+                raise ValueError(f"version {version} is not newer than the newest held ({latest}); versions never go back")
+            previous = self._whole.get(latest) if latest is not None else None
+            whole = sorted(self._whole)
+        if delta is None and previous is not None:
+            delta, base = encode_delta(previous, state, base_version=latest, version=version), latest
+        elif delta is not None and base is None:
+            base = version - 1
+        undo = {}
+        if self.whole_states is not None:  # the whole states that stop being whole: each as an undo delta from the next
+            kept = (whole + [version])[-self.whole_states:]
+            ladder = whole + [version]
+            for older, newer in zip(ladder, ladder[1:]):
+                if older not in kept and older in self.hashes:
+                    newer_state = state if newer == version else self._whole[newer]
+                    undo[older] = (newer, encode_delta(newer_state, self._whole[older], base_version=newer, version=older))
+        with self.lock:
             if snapshot is not None:
                 self._snapshot = (version, snapshot)
-            if delta is None and (version - 1) in self.states:
-                delta = encode_delta(self.states[version - 1], state, base_version=version - 1, version=version)
-            self.states[version] = state
+            self._whole[version] = state
+            self._state_bytes = snapshot_bytes(state)
             self.hashes[version] = digest
             self._added_at[version] = time.monotonic()
             if delta is not None:
-                self.deltas[version] = delta
-            while len(self.states) > self.capacity:
-                old, _ = self.states.popitem(last=False)
-                self.hashes.pop(old, None)
-                self._added_at.pop(old, None)
-            for v in [v for v in self.deltas if v not in self.states]:
-                del self.deltas[v]
+                self.deltas[version], self.bases[version] = delta, base
+            for older, entry in undo.items():
+                self._undo[older] = entry
+                del self._whole[older]
+            self._evict()
             return digest
 
+    def _evict(self) -> None:
+        """Drops the oldest versions past `capacity` and forward deltas past `delta_budget` (under the lock)."""
+        while len(self.hashes) > self.capacity:
+            old = next(iter(self.hashes))
+            for held in (self.hashes, self._added_at, self._whole, self._undo, self._cache, self.deltas, self.bases):
+                held.pop(old, None)
+        if self.delta_budget is not None:
+            kept, budget = 0, self.delta_budget * self._state_bytes
+            for v in sorted(self.deltas, reverse=True):
+                kept += len(self.deltas[v])
+                if kept > budget:
+                    del self.deltas[v], self.bases[v]
+        for v in [v for v in self.deltas if v not in self.hashes]:
+            del self.deltas[v], self.bases[v]
+
+    def held_bytes(self) -> dict[str, int]:
+        """What the held versions take, in bytes: whole states, rebuilt ones cached, undo and forward deltas."""
+        with self.lock:
+            return {"whole": len(self._whole) * self._state_bytes, "cached": len(self._cache) * self._state_bytes,
+                    "undo": sum(len(p) for _, p in self._undo.values()), "deltas": sum(map(len, self.deltas.values()))}
+
+    def state(self, version: int) -> dict[str, torch.Tensor]:
+        """The weights of held `version` (KeyError: not held): whole, cached, or rebuilt from the
+        nearest newer whole state through undo deltas, each result checked against its hash
+        (CorruptVersion should one not rebuild: a bug, never a peer's doing)."""
+        with self.lock:
+            found = self._whole.get(version)
+            if found is None and version in self._cache:
+                self._cache.move_to_end(version)
+                found = self._cache[version]
+            if found is not None:
+                return found
+            if version not in self.hashes:
+                raise KeyError(f"version {version} is not held here")
+        with self._rebuilding:
+            with self.lock:  # (another thread may have rebuilt it meanwhile)
+                if version in self._cache:
+                    return self._cache[version]
+                chain, start = [], version
+                while start not in self._whole and start not in self._cache:
+                    if start not in self._undo:
+                        raise KeyError(f"version {version} is held but cannot be rebuilt (no undo delta of {start})")
+                    newer, payload = self._undo[start]
+                    chain.append((start, payload))
+                    start = newer
+                state = self._whole[start] if start in self._whole else self._cache[start]
+            for target, payload in reversed(chain):
+                got, state, _, _ = apply_payload_verified(payload, state)
+                if got != target:
+                    raise CorruptVersion(f"undo delta held for version {target} rebuilt version {got}")
+            with self.lock:
+                if version in self.hashes and self.cached_states > 0:
+                    self._cache[version] = state
+                    while len(self._cache) > self.cached_states:
+                        self._cache.popitem(last=False)
+            return state
+
+    def chain(self, have: int, want: int) -> list[bytes] | None:
+        """The held deltas leading from `have` to `want`, oldest first; None when they do not."""
+        with self.lock:
+            chain, v = [], want
+            while v > have and v in self.deltas:
+                chain.append(self.deltas[v])
+                v = self.bases[v]
+            return chain[::-1] if v == have and chain else None
+
     def payloads(self, have: int | None, want: int) -> list[bytes]:
-        """Deltas have+1..want when all are held and together smaller than a snapshot of `want`
+        """Deltas from have to want when all are held and together smaller than a snapshot of `want`
         (a long chain of dense deltas can outweigh the version itself), else that snapshot."""
         with self.lock:
-            if want not in self.states:
+            if want not in self.hashes:
                 raise KeyError(f"version {want} is not held here")
-            state = self.states[want]
-            if have is not None and have < want and all(v in self.deltas for v in range(have + 1, want + 1)):
-                chain = [self.deltas[v] for v in range(have + 1, want + 1)]
-                if sum(map(len, chain)) < snapshot_bytes(state):
+            if have is not None and have < want:
+                chain = self.chain(have, want)
+                if chain is not None and sum(map(len, chain)) < self._state_bytes:
                     return chain
-        return [self._snapshot_of(want, state)]
+        return [self._snapshot_of(want)]
 
-    def _snapshot_of(self, version: int, state: Mapping[str, torch.Tensor]) -> bytes:
+    def _snapshot_of(self, version: int) -> bytes:
         cached = self._snapshot
         if cached is not None and cached[0] == version:
             return cached[1]
-        snapshot = encode_snapshot(state, version)
+        snapshot = encode_snapshot(self.state(version), version)
         self._snapshot = (version, snapshot)
         return snapshot
 
@@ -189,11 +323,10 @@ class VersionStore:
         with self.lock:
             if kind == "delta":
                 return self.deltas.get(version)
-            state = self.states.get(version)
             cached = self._snapshot
-            if state is None or (version != self.latest and (cached is None or cached[0] != version)):
+            if version not in self.hashes or (version != self.latest and (cached is None or cached[0] != version)):
                 return None
-        return self._snapshot_of(version, state)
+        return self._snapshot_of(version)
 
     def snapshot_due(self, version: int) -> bool:
         """Whether a learner should encode and hash the snapshot of `version` now (chunk_specs
@@ -312,8 +445,7 @@ class RebuildingClient:
         """Apply `payloads` (have -> want) to what `store` holds, verify and keep the result
         (`fetch`; also for payloads assembled from chunks)."""
         transferred = time.time()
-        with store.lock:
-            base = store.states[have] if have is not None else None
+        base = store.state(have) if have is not None else None
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
@@ -323,10 +455,12 @@ class RebuildingClient:
             except CorruptVersion as exc:
                 exc.from_deltas = have is not None
                 raise
-            # every version kept must be the one its number says: deltas have+1, have+2, ... in
-            # order, or one snapshot of `want` (only the last hash is announced, so a holder must
-            # not get other states stored under earlier numbers)
-            if (version != have + 1 + step) if kind == "delta" else (len(payloads) != 1 or version != want):
+            # every version kept must be the one its number says: deltas to ascending versions after
+            # `have` (a learner that skipped versions sends the delta across the gap), or one snapshot
+            # of `want` (only the last hash is announced, so a holder must not get other states stored
+            # under earlier numbers: intermediate ones are kept only where `known` vouches for them)
+            previous = have if step == 0 else built[-1][0]
+            if (not previous < version <= want) if kind == "delta" else (len(payloads) != 1 or version != want):
                 raise CorruptVersion(f"holder {holder} sent {kind} {version} out of order (asked {have} -> {want})")
             built.append((version, state, payload, digest, kind))
         if version != want or digest != want_hash:
@@ -334,9 +468,11 @@ class RebuildingClient:
         bad = non_finite_tensors(state)
         if bad:  # signed and hashed, and still unusable: never load it
             raise CorruptVersion(f"version {want} from {holder} holds non-finite weights ({', '.join(bad[:3])})")
+        applied_to = have
         for v, s, payload, d, kind in built:  # only a fully verified chain is kept, and of it what is vouched for
             if v == want or known.get(v) == d:
-                store.add(v, s, delta=payload if kind == "delta" else None, digest=d,
+                store.add(v, s, delta=payload if kind == "delta" else None, digest=d, base=applied_to,
                           snapshot=payload if kind == "snapshot" else None, owned=True)
+            applied_to = v
         return FetchResult(version=want, holder=str(holder), bytes=sum(len(p) for p in payloads),
                            kinds=[b[4] for b in built], seconds=time.time() - started, transfer_s=transferred - started)

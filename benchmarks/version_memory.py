@@ -1,0 +1,151 @@
+"""Memory of the versions a learner holds, at Qwen3-0.6B shape: 65 versions (max_staleness 64 + 1)
+held as the learner's VersionStore holds them (the newest whole, older ones as undo deltas, forward
+deltas for half a snapshot), against one snapshot and against 65 whole states (the old store).
+
+States are generated, not trained: random bf16 tensors of Qwen3-0.6B's parameter shapes (tied
+embeddings once: 596 M parameters, 1.19 GB a state), each version moving ~4% of the elements by one
+step of their bits (a one-ulp move, as a bf16 element crossing a rounding boundary does at RL
+learning rates). Only one or two states are ever whole in this process: the rest is held encoded.
+Also measured: the time to rebuild the oldest version (64 undo deltas, each result checked against
+its hash) and the newest but one (one undo delta), with no rebuilt version cached.
+
+`python -m benchmarks version_memory` (GEPO_VERSION_MEMORY_VERSIONS=65, GEPO_VERSION_MEMORY_SCALE=1.0:
+a fraction of the vocabulary and MLP width, GEPO_VERSION_MEMORY_LAYERS=28: fewer layers, for a quicker run)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from benchmarks.common import markdown_table, write_result
+
+CHANGED = 0.04  # share of elements moved per version
+
+
+def qwen3_06b_shapes(scale: float = 1.0, layers: int = 28) -> dict[str, tuple[int, ...]]:
+    """Qwen3-0.6B's parameter shapes (config.json: hidden 1024, 28 layers, 16 query heads and 8
+    key-value heads of 128, MLP 3072, vocabulary 151,936, tied embeddings); `scale` narrows the
+    vocabulary and MLP and `layers` takes fewer layers, for a quicker run."""
+    hidden, heads, kv_heads, head_dim = 1024, 16, 8, 128
+    mlp, vocab = int(3072 * scale), int(151936 * scale)
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (heads * head_dim, hidden), p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden), p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            p + "self_attn.q_norm.weight": (head_dim,), p + "self_attn.k_norm.weight": (head_dim,),
+            p + "mlp.gate_proj.weight": (mlp, hidden), p + "mlp.up_proj.weight": (mlp, hidden), p + "mlp.down_proj.weight": (hidden, mlp),
+            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+        })
+    return shapes
+
+
+def first_state(shapes, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {name: (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16) for name, shape in shapes.items()}
+
+
+def next_state(state, gen: torch.Generator, changed: float = CHANGED) -> dict[str, torch.Tensor]:
+    """A copy of `state` with ~`changed` of each tensor's elements moved one step of their bits."""
+    out = {}
+    for name, t in state.items():
+        bits = t.view(torch.int16).clone().view(-1)
+        k = max(1, int(bits.numel() * changed))
+        where = torch.randint(0, bits.numel(), (k,), generator=gen)
+        bits[where] += (torch.randint(0, 2, (k,), generator=gen, dtype=torch.int16) * 2 - 1)
+        out[name] = bits.view(t.shape).view(torch.bfloat16)
+    return out
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def trimmed_rss() -> int:
+    """RSS once glibc has handed freed memory back (malloc_trim): what the held versions take, not
+    the heap the encoders' threads left free behind them."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return rss_bytes()
+
+
+def run() -> dict:
+    from swarm.fabric.weights.delta import state_hash
+    from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
+
+    versions = int(os.environ.get("GEPO_VERSION_MEMORY_VERSIONS", 65))
+    scale = float(os.environ.get("GEPO_VERSION_MEMORY_SCALE", 1.0))
+    layers = int(os.environ.get("GEPO_VERSION_MEMORY_LAYERS", 28))
+    load_before = os.getloadavg()[0]
+    gen = torch.Generator().manual_seed(0)
+    rss_start = rss_bytes()
+    state = first_state(qwen3_06b_shapes(scale, layers), gen)
+    size = snapshot_bytes(state)
+    params = sum(t.numel() for t in state.values())
+    rss_one = rss_bytes() - rss_start
+    store = VersionStore(capacity=versions, whole_states=1, cached_states=1, delta_budget=0.5)  # as the learner's
+    add_s, hashes = [], {}
+    for version in range(versions):
+        started = time.perf_counter()
+        hashes[version] = store.add(version, state, owned=True)
+        add_s.append(time.perf_counter() - started)
+        if version + 1 < versions:
+            state = next_state(state, gen)
+        print(f"[version_memory] version {version}: add {add_s[-1]:.1f}s, held {store.held_bytes()}", flush=True)
+    del state
+    held = store.held_bytes()
+    rss_held = rss_bytes() - rss_start
+    rss_trimmed = trimmed_rss() - rss_start
+    oldest, hot = min(store.hashes), max(store.hashes) - 1
+    timings = {}
+    for name, version in (("newest_but_one", hot), ("oldest", oldest)):
+        store._cache.clear()  # measured cold: no rebuilt version to start from
+        started = time.perf_counter()
+        rebuilt = store.state(version)
+        timings[name] = round(time.perf_counter() - started, 2)
+        assert state_hash(rebuilt) == hashes[version], f"version {version} rebuilt wrong"
+        del rebuilt
+    rss_peak = rss_bytes() - rss_start
+    load_after = os.getloadavg()[0]
+    tracked = held["whole"] + held["undo"] + held["deltas"]
+    figures = {
+        "versions": versions, "scale": scale, "layers": layers, "parameters": params, "snapshot_bytes": size, "changed_per_version": CHANGED,
+        "held_bytes": held, "tracked_bytes": tracked, "tracked_over_snapshot": round(tracked / size, 3),
+        "old_store_over_snapshot": versions, "rss_one_state_bytes": rss_one, "rss_held_bytes": rss_held,
+        "rss_held_over_snapshot": round(rss_held / size, 3), "rss_trimmed_bytes": rss_trimmed,
+        "rss_trimmed_over_snapshot": round(rss_trimmed / size, 3), "rss_after_rebuilds_bytes": rss_peak,
+        "add_seconds_median": round(sorted(add_s)[len(add_s) // 2], 2), "rebuild_seconds": timings,
+        "rebuild_oldest_undo_deltas": versions - 1,
+        "load_average": [round(load_before, 2), round(load_after, 2)], "cpus": os.cpu_count(),
+        "busy": load_before > 1.5 or load_after > 1.5,
+    }
+    full = scale == 1.0 and layers == 28
+    shape = "Qwen3-0.6B shape" if full else f"Qwen3-0.6B shape narrowed to {scale:g} of its vocabulary and MLP, {layers} layers"
+    markdown = (f"# Versions held at {shape}\n\n{__doc__.strip()}\n\n"
+                + markdown_table(["measure", "value"], [
+                    ["parameters", params], ["one snapshot (GB)", round(size / 1e9, 3)],
+                    [f"{versions} versions, tracked bytes (GB)", round(tracked / 1e9, 3)],
+                    ["... in snapshots", round(tracked / size, 3)],
+                    ["... whole / undo deltas / forward deltas (GB)",
+                     f"{held['whole'] / 1e9:.3f} / {held['undo'] / 1e9:.3f} / {held['deltas'] / 1e9:.3f}"],
+                    [f"{versions} versions, RSS (GB)", round(rss_held / 1e9, 3)],
+                    ["... in snapshots", round(rss_held / size, 3)],
+                    ["... in snapshots, once freed heap is trimmed (malloc_trim)", round(rss_trimmed / size, 3)],
+                    [f"the old store ({versions} whole states), in snapshots", versions],
+                    ["add a version (encode delta and undo delta, hash), median s", figures["add_seconds_median"]],
+                    ["rebuild the newest but one, s", timings["newest_but_one"]],
+                    [f"rebuild the oldest ({versions - 1} undo deltas), s", timings["oldest"]],
+                ])
+                + f"\nLoad average before/after: {figures['load_average']} on {os.cpu_count()} CPUs"
+                + (" (the machine was busy with other work: timings are disturbed, bytes are not)" if figures["busy"] else "")
+                + "\n")
+    write_result("version_memory" if full else f"version_memory_scale{scale:g}_layers{layers}", figures, markdown)
+    return figures
