@@ -280,15 +280,16 @@ def _positions(gaps: np.ndarray, ids: np.ndarray, counts: np.ndarray, members: n
     """Gaps -> each change's position within its class, in place, checked against the class's members."""
     segments = list(zip(ids.tolist(), (np.cumsum(counts) - counts).tolist(), counts.tolist()))
     for c, s, k in segments:
-        if (gaps[s:s + k] >= np.uint64(members[c])).any():
+        if k and gaps[s:s + k].max() >= np.uint64(members[c]):
             raise ValueError("a gap runs past its class")
     for c, s, k in segments:
-        # running sums modulo 2^64: every position is checked, and no gap is large enough to wrap past the check
+        # every gap is below the class's members (at most 2^48), so the running sum cannot wrap, and
+        # positions ascend: the last one is the one to check
         position = gaps[s:s + k]
         position += np.uint64(1)
         np.cumsum(position, out=position)
         position -= np.uint64(1)
-        if (position >= np.uint64(members[c])).any():
+        if k and position[-1] >= np.uint64(members[c]):
             raise ValueError("a position runs past its class")
 
 

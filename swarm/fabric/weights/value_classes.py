@@ -123,7 +123,9 @@ def ranked(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresholds: lis
     if count == 1:
         index = np.flatnonzero(old != new)
         return np.zeros(index.size, np.uint8), index, index, np.array([old.size], np.int64)
-    table = _range_table(dtype, thresholds)
+    # indexed by sign and exponent (the bits shifted right past the mantissa): no mask to apply
+    table = np.tile(_range_table(dtype, thresholds), 2)
+    shift = old.dtype.type(EXPONENTS[dtype][0])
     counted = table < RANGES - 1
     shifts = np.where(counted, FIELD * table.astype(np.int64), 0)  # each exponent's field
     ones = np.where(counted, np.int64(1) << shifts, 0)
@@ -134,7 +136,7 @@ def ranked(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresholds: lis
     for start in range(0, old.size, RUN):
         end = min(start + RUN, old.size)
         at = np.flatnonzero(old[start:end] != new[start:end])
-        e = exponents(old[start:end], dtype)
+        e = old[start:end] >> shift
         mine = running[:e.size]
         np.take(ones, e, out=mine, mode="clip")  # (mode="raise" with out= buffers the whole result)
         np.cumsum(mine, out=mine)

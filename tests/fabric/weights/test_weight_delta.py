@@ -548,3 +548,49 @@ def test_varints_decode_alike_in_runs_on_a_pool_and_narrow(monkeypatch):
             varints.varint_decode(data, max_count=650, dtype=np.uint16, pool=pool)
         with pytest.raises(ValueError):  # a varint longer than a run, and longer than any number
             varints.varint_decode(b"\x80" * 40 + b"\x01", max_count=5, pool=pool)
+
+
+@pytest.mark.parametrize("ranges", [None, {}, {"torch.bfloat16": [120, 118, 121]}, {"torch.bfloat16": [1, 2]},
+                                    {"torch.bfloat16": [1, 2, 257]}, {"torch.bfloat16": [1, 2, -1]},
+                                    {"torch.bfloat16": [1, 2, 3.0]}, {"torch.bfloat16": "x"}, [[1, 2, 3]]])
+def test_a_delta_whose_ranges_are_missing_or_malformed_is_refused(ranges):
+    """Format 5: a float dtype's ranges of exponents travel in the payload; without them (or with
+    thresholds that are not RANGES - 1 non-decreasing exponents) the positions mean nothing."""
+    gen = torch.Generator().manual_seed(9)
+    master = torch.randn(5000, generator=gen) * 0.02
+    base, new = {"w": master.to(torch.bfloat16)}, {"w": (master + 1e-5).to(torch.bfloat16)}
+    body = body_of(round_trip(base, new))
+    assert set(body["ranges"]) == {"torch.bfloat16"} and len(body["ranges"]["torch.bfloat16"]) == value_classes.RANGES - 1
+    if ranges is None:
+        del body["ranges"]
+    else:
+        body["ranges"] = ranges
+    with pytest.raises(CorruptVersion, match="malformed"):
+        apply_payload(wd.delta_payload(body), base)
+
+
+def test_ranks_within_ranges_are_those_of_a_stable_sort_by_range():
+    """value_classes.ranked (a packed running sum, RUN elements at a time) against the definition: an
+    element's rank is its place among its range's members in index order; target_index inverts it."""
+    gen = torch.Generator().manual_seed(2)
+    old = wd._bits((torch.randn(70_001, generator=gen) * 10.0 ** torch.randint(-9, 2, (70_001,), generator=gen)).to(torch.bfloat16))
+    new = old.copy()
+    hit = np.random.default_rng(0).random(old.size) < 0.1
+    new[hit] += np.uint16(1)
+    thresholds = value_classes.pick_thresholds(old, new, torch.bfloat16)
+    exponent = (old >> 7) & 0xFF
+    local = (exponent[:, None] >= np.array(thresholds)[None, :]).sum(axis=1)
+    order = np.argsort(local, kind="stable")
+    place = np.empty(old.size, np.int64)
+    place[order] = np.arange(old.size)
+    members = np.bincount(local, minlength=value_classes.RANGES)
+    for run in (1, 1000, 1 << 17):
+        value_classes.RUN, saved = run, value_classes.RUN
+        try:
+            cls, rank, index, counted = value_classes.ranked(old, new, torch.bfloat16, thresholds)
+            assert np.array_equal(counted, members)
+            assert np.array_equal(index, order[np.isin(order, np.flatnonzero(hit))])
+            assert np.array_equal(cls, local[index]) and np.array_equal(rank, place[index] - (np.cumsum(members) - members)[cls])
+            assert np.array_equal(value_classes.target_index(old, torch.bfloat16, thresholds, cls, rank), index)
+        finally:
+            value_classes.RUN = saved
