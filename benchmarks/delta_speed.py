@@ -32,7 +32,9 @@ import torch
 from benchmarks.common import markdown_table, write_result
 
 REFERENCE = "f97113a09f79fce3ff7f6f5d62738dce039867c2"  # format 3's codec (the last commit before format 4)
+FORMAT_4 = "3be50c761b8195cd98f7680690c6aae70deec604"  # format 4's codec (the `codec` branch before format 5)
 REFERENCE_MODULES = ("packed_stream", "varints", "value_classes", "delta")
+FORMAT_4_MODULES = ("packed_stream", "varints", "value_classes", "wire_layout", "delta")
 UPDATE = 1e-6  # added to the float32 masters: ~4% of bf16 elements change
 REPEATS = int(os.environ.get("GEPO_DELTA_SPEED_REPEATS", 2))
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -76,24 +78,24 @@ def with_tied_copy(state: dict) -> dict:
     return {**state, HEAD: state[EMBED]}
 
 
-def reference_codec() -> types.ModuleType | None:
-    """Format 3's delta.py (and the modules beside it) as of REFERENCE, loaded under another name;
-    None without git history."""
+def reference_codec(commit: str = REFERENCE, modules=REFERENCE_MODULES, package_name: str = "weights_format3") -> types.ModuleType | None:
+    """delta.py (and the modules beside it) as of `commit` (format 3's: REFERENCE), loaded under
+    another name; None without git history."""
     root = Path(__file__).resolve().parents[1]
-    package = types.ModuleType("weights_format3")
+    package = types.ModuleType(package_name)
     package.__path__ = []
     sys.modules[package.__name__] = package
     module = None
-    for name in REFERENCE_MODULES:
+    for name in modules:
         try:
-            source = subprocess.run(["git", "show", f"{REFERENCE}:swarm/fabric/weights/{name}.py"], cwd=root, check=True,
+            source = subprocess.run(["git", "show", f"{commit}:swarm/fabric/weights/{name}.py"], cwd=root, check=True,
                                     capture_output=True, text=True).stdout
         except (OSError, subprocess.CalledProcessError):
             return None
         module = types.ModuleType(f"{package.__name__}.{name}")
         sys.modules[module.__name__] = module  # (dataclasses and the like look modules up by name)
         source = source.replace("swarm.fabric.weights.", f"{package.__name__}.")
-        exec(compile(source, f"{REFERENCE[:8]}:{name}.py", "exec"), module.__dict__)
+        exec(compile(source, f"{commit[:8]}:{name}.py", "exec"), module.__dict__)
     return module
 
 
@@ -161,8 +163,14 @@ def run() -> dict:
     else:
         rows.append(measure_format("format 3, tied copy published", old, with_tied_copy(base), with_tied_copy(new), REPEATS,
                                    known_hash=False, snapshot=False))
-    rows.append(measure_format("format 4, tied parameter once", current, base, new, REPEATS, known_hash=True, snapshot=True))
-    figures = {"shape": which, "reference": REFERENCE, "repeats": REPEATS, "threads": current.THREADS,
+    previous = reference_codec(FORMAT_4, FORMAT_4_MODULES, "weights_format4")
+    if previous is None:
+        print(f"  (no git history: format 4 as of {FORMAT_4[:8]} is not measured)", flush=True)
+    else:
+        rows.append(measure_format("format 4, tied parameter once", previous, base, new, REPEATS, known_hash=True, snapshot=False))
+    rows.append(measure_format(f"format {current.FORMAT}, tied parameter once", current, base, new, REPEATS, known_hash=True,
+                               snapshot=True))
+    figures = {"shape": which, "reference": REFERENCE, "format_4": FORMAT_4, "format": current.FORMAT, "repeats": REPEATS, "threads": current.THREADS,
                "cpu_count": os.cpu_count(), "unique_elements": unique, "changed": changed, "changed_fraction": changed / unique,
                "update": UPDATE, "rows": rows, "load_average_before": load_before, "load_average_after": os.getloadavg(),
                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -194,8 +202,10 @@ def markdown(f: dict) -> str:
         f"unique elements, tied embeddings), float32 masters N(0, 0.02) cast to bf16; the next version moves every master "
         f"by +-{f['update']:g}: {f['changed_fraction']:.1%} of the elements change ({f['changed'] / 1e6:.2f}M). "
         f"Format 3: the codec as of {f['reference'][:8]}, loaded into the same process, on the state as it was published "
-        "(the tied embedding a second time as lm_head.weight); format 4: this codec on each parameter once. "
-        f"{f['threads']} threads, {f['cpu_count']} cores; best of {f['repeats']} (wall and CPU each), format 3 first. "
+        f"(the tied embedding a second time as lm_head.weight); format 4: the codec as of {f['format_4'][:8]} (classes of "
+        f"one exponent each, sorted), and format {f['format']}: this codec (four ranges of exponents, ranked without a "
+        f"sort), each on each parameter once. {f['threads']} threads, {f['cpu_count']} cores; best of {f['repeats']} "
+        "(wall and CPU each), oldest format first. "
         f"Encode includes hashing both states; apply includes the base's hash check and the result's.\n",
         f"Machine load (1-minute average) {f['load_average_before'][0]:.1f} before, {f['load_average_after'][0]:.1f} after"
         + (": **busy** (other jobs share these cores), so wall times are inflated; CPU seconds are the steadier figure, "
@@ -206,19 +216,18 @@ def markdown(f: dict) -> str:
               secs(r, "apply"), *snapshot(r)] for r in rows]),
     ]
     new = rows[-1]
-    lines.append(f"\nFormat 4 with the base's hash known to the caller (a VersionStore holds it): encode "
+    lines.append(f"\nFormat {f['format']} with the base's hash known to the caller (a VersionStore holds it): encode "
                  f"{secs(new, 'encode_known_base')}, apply {secs(new, 'apply_known_base')}. A snapshot is "
                  f"{new['snapshot']['bytes'] - new['snapshot']['header_bytes']:,} bytes of weights (2 bytes x "
                  f"{f['unique_elements']:,} parameters) plus a {new['snapshot']['header_bytes']:,}-byte header.\n")
-    if len(rows) == 2:
-        old = rows[0]
+    for old in rows[:-1]:
         ratio = lambda key, kind: old[key][kind] / new[key][kind]  # noqa: E731
         lines.append(markdown_table(
-            ["format 3 / format 4", "wall", "CPU"],
+            [f"{old['label'].split(',')[0]} / format {f['format']}", "wall", "CPU"],
             [[what, f"{ratio(key, 'wall_s'):.2f}x", f"{ratio(key, 'cpu_s'):.2f}x"]
              for what, key in (("encode", "encode"), ("hash", "hash"), ("apply + checks", "apply"))]
-            + [["delta bytes", f"{old['payload_bytes'] / new['payload_bytes']:.2f}x", ""],
-               ["snapshot bytes (weights)", f"{old['snapshot']['bytes'] / (new['snapshot']['bytes'] - new['snapshot']['header_bytes']):.2f}x", ""]]))
+            + [["delta bytes", f"{old['payload_bytes'] / new['payload_bytes']:.2f}x", ""]]))
+        lines.append("")
     lines.append(f"\nGoal (issue 44, a quiet machine): encode + hash at most {GOAL_S:.1f} s, apply with its checks at most "
                  f"{GOAL_S:.1f} s. Peak resident memory of the run: {f['peak_rss_bytes'] / 1e9:.1f} GB.\n")
     return "\n".join(lines)

@@ -17,10 +17,12 @@ how many steps each element moved, coded for that:
 - positions: an element's chance of changing is about (update size) / (its ulp), and its ulp is
   set by its exponent, which the receiver knows from the base: elements near zero change at almost
   every step, elements of typical size at a few percent. So the changed elements are listed per
-  class, a class being one exponent value of one dtype, across all sparse tensors: class by class,
-  tensor by tensor (in name order, each cut into CHUNK-element pieces), counting within the
-  class's members (in index order). What goes on the wire is the gaps between consecutive changed
-  members of a class, minus one, as varints, then the steps in the same order.
+  class, a class being one of four ranges of exponents of one dtype (value_classes.RANGES; the
+  encoder picks the ranges that fit the data and sends them: a float dtype's three thresholds) or
+  one integer dtype, across all sparse tensors: class by class, tensor by tensor (in name order,
+  each cut into CHUNK-element pieces), counting within the class's members (in index order). What
+  goes on the wire is the gaps between consecutive changed members of a class, minus one, as
+  varints, then the steps in the same order.
 zlib then codes each stream to within ~12% of its entropy given the class (benchmarks/
 delta_scale.md, a 49M-parameter Qwen3 at lr 1e-6: about 7 bits per changed element, against 10
 with the gaps in index order and 26 for format 2). Every version is named by a hash of its exact
@@ -32,24 +34,34 @@ or b"R" (a snapshot, raw: weights are high-entropy, zlib saves ~20% of a bf16 sn
 time of sending it on a fast link), then a msgpack map:
   v int (format), kind "delta" | "snapshot", version int, base int | None, base_hash str | None,
   hash str, tensors: [ {n name, d dtype, s shape, k "same" | "sparse" | "dense", b bits (dense
-  only, little-endian)} ], and for deltas with sparse tensors: classes [[class, count], ...]
+  only, little-endian)} ], for deltas with changed float tensors: ranges {dtype: [3 thresholds]}
+  (range r of a dtype holds the exponents e with r thresholds <= e), and for deltas with sparse
+  tensors: classes [[class, count], ...]
   (ascending classes, the number of changed elements of each), gaps bytes, steps bytes.
 In a delta, gaps, steps and each dense b are lists of segments, [raw size, zlib stream] pairs of at
 most SEGMENT bytes each: compressed and decompressed each on its own thread, and bounded (the sizes
 are checked before anything inflates; wire_layout.py).
-Format 4 (this one) replaced format 3's zlib over the whole msgpack body (b"Z": one stream, on one
-core) and its sha256 hash (BLAKE3 is two to three times faster); receivers refuse payloads of any
-other format, saying which peer is behind.
+Format 4 replaced format 3's zlib over the whole msgpack body (b"Z": one stream, on one core) and
+its sha256 hash (BLAKE3 is two to three times faster); format 5 (this one) counts positions within
+four ranges of exponents per dtype instead of each of 256 exponents (format 4's classes), which
+both ends had to sort elements by: 9% more bytes at Qwen3-0.6B shape (19.38 against 17.74 MB; format
+3 sent 22.49), a few ns less CPU an element at each end.
+Receivers refuse payloads of any other format, saying which peer is behind.
 
-Speed (the wire format does not depend on any of this): both ends work on a piece's classes BLOCK
-elements at a time (a stable sort of 64K one-byte keys runs in cache, two to three times faster per
-element than one of a whole piece) and GROUP elements at a time (bounding each thread's working
-memory), spread the pieces over THREADS threads (numpy's sorts, gathers and comparisons, hashlib and
-zlib release the GIL), keep the streams as varint bytes rather than as 8-byte integers, and
-compress each stream from the pieces it was made in (packed_stream.py) instead of joining them.
-Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed): about 10 ns of CPU
-an element each way, a third of it the stable sort of each block's classes, which both ends need
-(the positions count within classes); the hash (BLAKE3) and zlib are a few percent.
+Speed (the wire format does not depend on any of this): no sort of the elements at either end.
+The encoder ranks a piece's changes within their ranges with one running sum (value_classes.ranked:
+three ranges' counts packed in an int64), the decoder lists each range's members run by run
+(value_classes.target_index), both RUN elements at a time (temporaries in cache, never paged in
+afresh); pieces are spread over THREADS threads (numpy's comparisons, sums, gathers, hashlib and
+zlib release the GIL); streams are kept as varint bytes rather than as 8-byte integers, and each is
+compressed from the pieces it was made in (packed_stream.py) instead of joined.
+Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed, a busy 2-core
+machine): encode 4.6 s CPU with both hashes (format 4: 6.5), apply with its checks 5.7-6.6 s CPU
+(format 4: 6.7); one 30M tensor on one thread: encode 7 ns an element (format 4: 11), apply 6
+(format 4: 10). Ranking takes ~3.5 ns an element (the comparison and its nonzero ~1, the table
+lookup ~1: numpy's take casts the indices to 8 bytes, the running sum ~0.5, the per-change
+arithmetic the rest), listing a range's members ~3, the copy of the base into the new state (its
+pages touched for the first time) ~1; BLAKE3 ~0.5 a state, zlib and varints a few percent.
 """
 
 from __future__ import annotations
@@ -87,13 +99,14 @@ from swarm.fabric.weights.wire_layout import (  # noqa: F401  (FORMAT, the codec
 from swarm.fabric.weights.value_classes import (
     CLASS_BITS,
     CLASSES,
+    EXPONENTS,
     NUM_CLASSES,
-    block_classes,
-    block_members,
-    block_size,
-    block_starts,
-    groups,
+    SAMPLE_STRIDE,
+    check_thresholds,
+    members as class_members,
     ordered,
+    pick_thresholds,
+    ranked,
     target_index,
 )
 
@@ -115,8 +128,8 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 # sparse tensors are listed in pieces of at most this many elements (part of the format: a class's
 # members are counted piece by piece)
-CHUNK = 1 << 22
-# Speed only (no payload depends on it, nor on value_classes.BLOCK, GROUP). Threads that work on
+CHUNK = 1 << 20
+# Speed only (no payload depends on it, nor on value_classes.RUN, SAMPLE_STRIDE). Threads that work on
 # pieces and hashes: numpy's sorts, gathers and comparisons, hashlib and zlib run without the GIL.
 THREADS = min(4, os.cpu_count() or 1)
 
@@ -168,38 +181,6 @@ def log2_binomial(n: int, k: int) -> float:
     return (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)) / math.log(2)
 
 
-def _ranked_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype):
-    """(class, rank, index) of each element of a piece whose bits changed, class by class and rank
-    ascending, and the members of each class in the piece."""
-    _, count, _, _ = CLASSES[dtype]
-    n = old.size
-    block = block_size(n)
-    members = np.empty((-(-n // block), count), np.int64)
-    parts = []
-    for start, end in groups(n, block):
-        classes = block_classes(old[start:end], dtype, block)
-        order = np.argsort(classes.reshape(-1, block), axis=1, kind="stable")
-        order += np.arange(0, classes.size, block)[:, None]
-        order = order.ravel()  # the run's elements, block by block, class by class, in index order
-        # (np.take: a quarter faster than indexing here; take_along_axis is three times slower)
-        starts = block_starts(np.take(classes, order), count, block)
-        first_row = start // block
-        members[first_row:first_row + classes.size // block] = np.diff(starts).reshape(-1, count)
-        changed = np.zeros(classes.size, bool)
-        np.not_equal(old[start:end], new[start:end], out=changed[:end - start])
-        at = np.flatnonzero(np.take(changed, order))  # the changes' places in that order
-        index = order[at]
-        cls = classes[index]
-        key = (at // block) * count + cls  # block and class, within the run
-        parts.append((cls, key + first_row * count, at - starts[key], index + start))
-    members[-1, -1] -= members.size // count * block - n  # the padding
-    before = np.cumsum(members, axis=0) - members  # of each class in earlier blocks
-    cls, key, place, index = (np.concatenate(p) for p in zip(*parts))
-    rank = before.ravel()[key] + place
-    order = np.argsort(cls, kind="stable")  # class by class; within one, blocks then places ascending
-    return cls[order], rank[order], index[order], members.sum(axis=0)
-
-
 class _Changes(NamedTuple):
     """A piece's changed elements, class by class, coded as far as the piece alone allows."""
     members: np.ndarray    # of each of the dtype's classes in the piece (int64)
@@ -221,14 +202,10 @@ def _segment_ends(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return np.cumsum(np.add.reduceat(lengths, starts, dtype=np.int64))
 
 
-def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype) -> _Changes:
-    """The changes of one piece of a tensor (its bits before and after)."""
-    _, count, _, _ = CLASSES[dtype]
-    if count == 1:
-        index = np.flatnonzero(old != new)
-        cls, rank, members = np.zeros(index.size, np.uint8), index, np.array([old.size], np.int64)
-    else:
-        cls, rank, index, members = _ranked_changes(old, new, dtype)
+def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresholds: list[int] | None) -> _Changes:
+    """The changes of one piece of a tensor (its bits before and after; its dtype's ranges)."""
+    count = CLASSES[dtype][1]
+    cls, rank, index, members = ranked(old, new, dtype, thresholds)
     is_float = dtype in FLOATS
     steps = zigzag(ordered(new[index], is_float) - ordered(old[index], is_float))
     changed = np.bincount(cls, minlength=count)
@@ -306,15 +283,16 @@ def _positions(gaps: np.ndarray, ids: np.ndarray, counts: np.ndarray, members: n
     """Gaps -> each change's position within its class, in place, checked against the class's members."""
     segments = list(zip(ids.tolist(), (np.cumsum(counts) - counts).tolist(), counts.tolist()))
     for c, s, k in segments:
-        if (gaps[s:s + k] >= np.uint64(members[c])).any():
+        if k and gaps[s:s + k].max() >= np.uint64(members[c]):
             raise ValueError("a gap runs past its class")
     for c, s, k in segments:
-        # running sums modulo 2^64: every position is checked, and no gap is large enough to wrap past the check
+        # every gap is below the class's members (at most 2^48), so the running sum cannot wrap, and
+        # positions ascend: the last one is the one to check
         position = gaps[s:s + k]
         position += np.uint64(1)
         np.cumsum(position, out=position)
         position -= np.uint64(1)
-        if (position >= np.uint64(members[c])).any():
+        if k and position[-1] >= np.uint64(members[c]):
             raise ValueError("a position runs past its class")
 
 
@@ -330,7 +308,7 @@ def _check_step_widths(steps: np.ndarray, ids: np.ndarray, counts: np.ndarray) -
                 raise ValueError(f"a step wider than {width} bits")
 
 
-def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, members: np.ndarray, lo: np.ndarray,
+def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, thresholds: list[int] | None, lo: np.ndarray,
                  hi: np.ndarray, cls: np.ndarray, before: np.ndarray, positions: np.ndarray, steps: np.ndarray) -> None:
     """Copy a piece of the base to `out` and apply its changes: for each class with changes in the
     piece, the changes lo..hi of the streams (`before`: the class's members in earlier pieces)."""
@@ -343,21 +321,36 @@ def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, members:
     rank = positions[at].astype(np.int64) - np.repeat(before, lengths)
     step = unzigzag(steps[at].astype(out.dtype))
     del at
-    index = target_index(base, dtype, members, np.repeat(cls, lengths), rank)
+    index = target_index(base, dtype, thresholds, np.repeat(cls, lengths), rank)
     is_float = dtype in FLOATS
     out[index] = ordered(ordered(out[index], is_float) + step, is_float)
+
+
+def _ranges(body: dict, dtypes: set) -> dict:
+    """Each float dtype's ranges (value_classes.check_thresholds), as the payload gives them for its
+    sparse tensors' dtypes."""
+    given = body.get("ranges", {})
+    if not isinstance(given, dict):
+        raise TypeError("ranges is not a map")
+    floats = sorted((d for d in dtypes if d in EXPONENTS), key=str)
+    missing = [str(d) for d in floats if str(d) not in given]
+    if missing:
+        raise ValueError(f"no ranges given for the sparse tensors of {missing}")
+    return {d: check_thresholds(d, given[str(d)]) for d in floats}
 
 
 def _sparse_jobs(body: dict, targets: list[tuple[np.ndarray, np.ndarray, torch.dtype]], pool) -> list[tuple[int, tuple]]:
     """The work of applying a delta's class-by-class streams to its sparse tensors (in entry order),
     given each one's (bits to write, base bits, dtype): checks the streams against the base's
     classes, then returns, per piece, (its tensor's place in `targets`, _apply_piece's arguments)."""
+    ranges = _ranges(body, {dtype for _, _, dtype in targets})
     pieces = [(i, start, end) for i, (_, base, _) in enumerate(targets) for start, end in _pieces(base.size)]
-    blocks = [pool.submit(block_members, targets[i][1][start:end], targets[i][2]) for i, start, end in pieces]
+    blocks = [pool.submit(class_members, targets[i][1][start:end], targets[i][2], ranges.get(targets[i][2]))
+              for i, start, end in pieces]
     table = np.zeros((len(pieces) + 1, NUM_CLASSES), np.int64)  # members of each class before each piece
     for p, ((i, _, _), future) in enumerate(zip(pieces, blocks)):
         first = CLASSES[targets[i][2]][0]
-        counts = future.result().sum(axis=0)
+        counts = future.result()
         table[p + 1, first:first + counts.size] = counts
     np.cumsum(table, axis=0, out=table)
     members = table[-1]
@@ -378,9 +371,9 @@ def _sparse_jobs(body: dict, targets: list[tuple[np.ndarray, np.ndarray, torch.d
     jobs = []
     for p, (i, start, end) in enumerate(pieces):
         out, base, dtype = targets[i]
-        first, count, _, _ = CLASSES[dtype]
+        first, count = CLASSES[dtype]
         j0, j1 = np.searchsorted(ids, [first, first + count])
-        jobs.append((i, (out[start:end], base[start:end], dtype, blocks[p].result(), bounds[j0:j1, p], bounds[j0:j1, p + 1],
+        jobs.append((i, (out[start:end], base[start:end], dtype, ranges.get(dtype), bounds[j0:j1, p], bounds[j0:j1, p + 1],
                          (ids[j0:j1] - first).astype(np.uint8), table[p, ids[j0:j1]], gaps, steps)))
     return jobs
 
@@ -431,6 +424,17 @@ def encode_snapshot(state: Mapping[str, torch.Tensor], version: int) -> bytes:
     return b"".join([SNAPSHOT_CODEC, *packed(body, msgpack.Packer(use_bin_type=True))])
 
 
+def _picked_ranges(changed: list) -> dict:
+    """The ranges of each float dtype among the changed tensors, picked from a sample of their
+    elements (one in SAMPLE_STRIDE)."""
+    samples: dict = {}
+    for _, old_bits, new_bits, dtype in changed:
+        if dtype in EXPONENTS:
+            samples.setdefault(dtype, []).append((old_bits[::SAMPLE_STRIDE], new_bits[::SAMPLE_STRIDE]))
+    return {dtype: pick_thresholds(np.concatenate([o for o, _ in pairs]), np.concatenate([n for _, n in pairs]), dtype)
+            for dtype, pairs in samples.items()}
+
+
 def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *, base_version: int, version: int,
                  level: int = ZLIB_LEVEL, base_hash: str | None = None) -> bytes:
     """A delta turning `base` (published as `base_version`) into `new` (`version`), bit for bit.
@@ -445,17 +449,20 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
     with _workers() as pool:
         hashes = (pool.submit(lambda: base_hash) if base_hash is not None else pool.submit(state_hash, base)), \
             pool.submit(state_hash, new)
-        tensors, work = [], []
-        for name in names:  # the pool codes every changed tensor's pieces meanwhile
+        tensors, changed = [], []
+        for name in names:
             old_bits, new_bits = _bits(base[name]), _bits(new[name])
             entry = {"n": name, "d": str(new[name].dtype), "s": list(new[name].shape)}
             tensors.append(entry)
             if np.array_equal(old_bits, new_bits):
                 entry["k"] = "same"
                 continue
-            dtype = new[name].dtype
-            pieces = [pool.submit(_piece_changes, old_bits[s:e], new_bits[s:e], dtype) for s, e in _pieces(new_bits.size)] \
-                if dtype in CLASSES else []
+            changed.append((entry, old_bits, new_bits, new[name].dtype))
+        ranges = _picked_ranges(changed)
+        work = []
+        for entry, old_bits, new_bits, dtype in changed:  # the pool codes every changed tensor's pieces meanwhile
+            pieces = [pool.submit(_piece_changes, old_bits[s:e], new_bits[s:e], dtype, ranges.get(dtype))
+                      for s, e in _pieces(new_bits.size)] if dtype in CLASSES else []
             work.append((entry, new_bits, dtype, pieces))
         sparse = _SparseEncoder()
         for entry, new_bits, dtype, pieces in work:  # in name order: a class's positions count across tensors
@@ -467,6 +474,8 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
             else:
                 entry.update(k="dense", b=compressed_segments([new_bits.view(np.uint8)], level, pool))
         streams = sparse.streams()
+        if ranges:  # (every changed float dtype's: the sparse or dense choice depends on them)
+            streams = {"ranges": {str(d): ranges[d] for d in sorted(ranges, key=str)}, **streams}
         for key in ("gaps", "steps"):  # compressed side by side
             if key in streams:
                 streams[key] = compressed_segments(streams[key].chunks, level, pool)

@@ -1,4 +1,4 @@
-"""The outer layout of a weight payload (format 4; swarm.fabric.weights.delta describes the body):
+"""The outer layout of a weight payload (format 5, as format 4; swarm.fabric.weights.delta describes the body):
 a codec byte, then msgpack; a delta's large byte strings travel as segments compressed with zlib,
 each on its own thread. Other formats' payloads are recognised, to be refused by name: a receiver
 never applies a payload it half understands."""
@@ -13,7 +13,7 @@ import msgpack
 from swarm.fabric.weights.packed_stream import deflated
 from swarm.fabric.weights.varints import Inline
 
-FORMAT = 4
+FORMAT = 5
 DELTA_CODEC, SNAPSHOT_CODEC = b"C", b"R"
 FORMAT_3_DELTA_CODEC = b"Z"  # format 3's deltas: recognised, to be refused by name
 # No weight payload, received or decompressed, may be larger than this: a hostile holder must not

@@ -1,4 +1,4 @@
-"""Weight format 4: older and unknown formats refused by name, round trips at every float dtype and
+"""Weight format 5 (format 4's tests, formats 4 and 5 alike here): older and unknown formats refused by name, round trips at every float dtype and
 in the edge cases (nothing changed, everything changed, empty tensors, integer buffers), a caller's
 known base hash, and tied parameters published once and re-tied on load."""
 
@@ -46,7 +46,8 @@ def test_a_format_3_delta_is_refused_saying_which_peer_to_update():
         wd.payload_header(_format_3_delta())
 
 
-@pytest.mark.parametrize("v, says", [(3, "format 3.*update that peer"), (5, "update this peer"), ("4", "update this peer")])
+@pytest.mark.parametrize("v, says", [(3, "format 3.*update that peer"), (4, "format 4.*update that peer"), (6, "update this peer"),
+                                     ("5", "update this peer")])
 def test_a_snapshot_of_another_format_is_refused(v, says):
     payload = encode_snapshot({"w": torch.ones(3)}, 1)
     body = msgpack.unpackb(payload[1:], raw=False)
