@@ -270,10 +270,16 @@ class LearnerCore:
         diagnostics = StepDiagnostics(self.model, self.loss, self._diagnostics_state) if self.step_diagnostics else None
         fresh_gap, fresh_tokens = 0.0, 0  # sampler-learner log-prob gap on groups of the current version
         dev = self.device
+        # advantages over the whole batch, before it is cut: BNPO's ("beta") weights come from a Beta
+        # density fitted to every group's accuracy in the step, not a micro-batch's
+        advantages = group_advantages(
+            torch.tensor([math.nan if r is None else float(r) for g in groups for r in g.rewards]),
+            torch.tensor([i for i, g in enumerate(groups) for _ in range(g.size)]), self.advantage_mode)
+        row = 0
         for chunk in plan_micro_batches(groups, self.micro_batch_groups, self.micro_batch_tokens):
             batch = collate(chunk, self.pad_token_id)
-            # advantages per group only need the group's own rewards, so chunking does not change them
-            adv = group_advantages(batch.rewards, batch.group_ids, self.advantage_mode)
+            adv = advantages[row : row + batch.completion_ids.size(0)]  # micro-batches are consecutive groups
+            row += batch.completion_ids.size(0)
             mask = batch.completion_mask.to(dev)
             with self._autocast():
                 learner = completion_logprobs(

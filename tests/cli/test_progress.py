@@ -144,7 +144,8 @@ def test_a_chunked_download_reports_every_verified_chunk():
 
     heard = []
     fetch = ChunkedFetch(Holder(), ChunkBook(lambda kind, version: None, MIN_CHUNK_BYTES), spec,
-                         ChunkSources(["learner"], ["me"]), "me", unreachable=(ConnectionError,),
+                         ChunkSources(["127.0.0.1:8000"], ["me"]), "me",  # a holder id a record could name (dialable_peer_id)
+                         unreachable=(ConnectionError,),
                          on_corrupt=lambda peer, exc: None, on_chunk=heard.append)
     assert bytes(fetch.run().buffer) == data
     assert len(heard) == spec.count == 6 and sum(heard) == len(data)

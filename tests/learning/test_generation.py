@@ -7,6 +7,7 @@ from swarm.generation import SamplingParams, make_backend
 from swarm.generation.transformers_backend import TransformersBackend
 from swarm.logprobs import completion_logprobs
 from swarm.model.loading import load_policy
+from swarm.tied_weights import unique_state
 from swarm.tasks.synthetic import ArithmeticTask
 
 
@@ -104,7 +105,7 @@ def test_weight_update_changes_generation(backend):
     prompts = ["Compute 2+2. Answer in \\boxed{}.\n"]
     greedy = SamplingParams(num_completions=1, temperature=0, max_new_tokens=12)
     before = backend.generate(prompts, greedy)[0].completion_logprobs[0]
-    original = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    original = {k: v.clone() for k, v in unique_state(backend.model).items()}  # a tied parameter once, as published
     perturbed = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in original.items()}
     backend.load_state_dict(perturbed)
     after = backend.generate(prompts, greedy)[0].completion_logprobs[0]

@@ -99,6 +99,9 @@ def test_a_flood_of_members_is_refused_or_bounded_and_the_swarm_trains_on(swarm,
         assert len(squatting) == THROWAWAY_KEYS
         learners = attacker.authorised_learners([owner])
         assert [m.record.peer_id for m in learners] == [learner_id]
+        # (versions are published and announced off the training loop: a step's version follows it)
+        wait_until(lambda: getattr(attacker.latest_announced([owner]), "version", 0) >= 1, 60,
+                   "the learner's version 1 announced under the owner's key", every=0.5)
         announced = attacker.latest_announced([owner])
         assert announced is not None and 1 <= announced.version < SQUATTED_VERSION
     finally:
