@@ -154,8 +154,8 @@ class VersionStore:
     capacity: the most versions held (the oldest go first). whole_states: how many of the newest
     versions are held whole (None: all of them, as a sampler that loads them does); each older one
     is held as an undo delta from the version after it, encoded as it stops being whole, and is
-    rebuilt from the nearest whole state by applying undo deltas, each checked against the version's
-    hash. At Qwen3-0.6B shape (1.2 GB a state) with ~4% of elements changing per version an undo
+    rebuilt from the nearest whole state by applying undo deltas, the result checked against the
+    version's hash (`state`). At Qwen3-0.6B shape (1.2 GB a state) with ~4% of elements changing per version an undo
     delta is ~1.7% of a state: 65 versions held as one whole state and 64 undo deltas take about two
     states' worth instead of 65 (benchmarks/version_memory.py). cached_states: the most recently
     rebuilt versions kept whole beside them (an LRU: verification asks for a few recent versions
@@ -203,8 +203,11 @@ class VersionStore:
                 raise ValueError(f"version {version} is not newer than the newest held ({latest}); versions never go back")
             previous = self._whole.get(latest) if latest is not None else None
             whole = sorted(self._whole)
-        if delta is None and previous is not None:
-            delta, base = encode_delta(previous, state, base_version=latest, version=version), latest
+            known = {v: self.hashes[v] for v in whole if v in self.hashes}
+        known[version] = digest
+        if delta is None and previous is not None:  # (both hashes known: neither state is hashed again)
+            delta, base = encode_delta(previous, state, base_version=latest, version=version, base_hash=known[latest],
+                                       new_hash=digest), latest
         elif delta is not None and base is None:
             base = version - 1
         undo = {}
@@ -214,7 +217,8 @@ class VersionStore:
             for older, newer in zip(ladder, ladder[1:]):
                 if older not in kept and older in self.hashes:
                     newer_state = state if newer == version else self._whole[newer]
-                    undo[older] = (newer, encode_delta(newer_state, self._whole[older], base_version=newer, version=older))
+                    undo[older] = (newer, encode_delta(newer_state, self._whole[older], base_version=newer, version=older,
+                                                       base_hash=known[newer], new_hash=known[older]))
         with self.lock:
             if snapshot is not None:
                 self._snapshot = (version, snapshot)
@@ -251,10 +255,23 @@ class VersionStore:
             return {"whole": len(self._whole) * self._state_bytes, "cached": len(self._cache) * self._state_bytes,
                     "undo": sum(len(p) for _, p in self._undo.values()), "deltas": sum(map(len, self.deltas.values()))}
 
+    def ready(self, version: int) -> bool:
+        """Whether held `version` is whole or cached: `state` returns it without rebuilding."""
+        with self.lock:
+            return version in self._whole or version in self._cache
+
     def state(self, version: int) -> dict[str, torch.Tensor]:
         """The weights of held `version` (KeyError: not held): whole, cached, or rebuilt from the
-        nearest newer whole state through undo deltas, each result checked against its hash
-        (CorruptVersion should one not rebuild: a bug, never a peer's doing)."""
+        nearest newer whole (or cached) state through undo deltas (CorruptVersion should it not
+        rebuild: a bug, never a peer's doing).
+
+        Only the end of the chain is hashed. The undo deltas were encoded here, from states whose
+        hashes this store computed, so hashing every intermediate state (twice: as a result and as
+        the next base) checked nothing the end does not: at 73 M parameters two hashes were ~15% of
+        an undo apply. Each step still checks the delta's recorded pairing (the base hash it names
+        is the hash of the version it is applied to, and the hash it names for its result is the
+        one held for its target), which costs no pass over the weights; a corrupted undo delta
+        anywhere in the chain makes the final hash differ."""
         with self.lock:
             found = self._whole.get(version)
             if found is None and version in self._cache:
@@ -276,10 +293,15 @@ class VersionStore:
                     chain.append((start, payload))
                     start = newer
                 state = self._whole[start] if start in self._whole else self._cache[start]
+                hashes = {v: self.hashes[v] for v, _ in chain}
+                held_hash = self.hashes[start]
             for target, payload in reversed(chain):
-                got, state, _, _ = apply_payload_verified(payload, state)
-                if got != target:
-                    raise CorruptVersion(f"undo delta held for version {target} rebuilt version {got}")
+                got, state, recorded, _ = apply_payload_verified(payload, state, base_hash=held_hash, check_result=False)
+                if got != target or recorded != hashes[target]:
+                    raise CorruptVersion(f"undo delta held for version {target} names version {got} with another hash")
+                held_hash = recorded
+            if state_hash(state) != hashes[version]:
+                raise CorruptVersion(f"version {version} rebuilt through {len(chain)} undo deltas does not match its hash")
             with self.lock:
                 if version in self.hashes and self.cached_states > 0:
                     self._cache[version] = state

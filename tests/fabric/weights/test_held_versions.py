@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from swarm.fabric.weights.delta import apply_payload_verified, state_hash
+from swarm.fabric.weights.delta import CorruptVersion, apply_payload_verified, encode_delta, state_hash
 from swarm.fabric.weights.follower import fetch_from_holders
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
 from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
@@ -152,3 +152,37 @@ def test_closing_while_publishing_finishes_the_version_under_way_and_drops_the_w
     assert not any(t.name == "version-publisher" and t.is_alive() for t in threading.enumerate())
     with pytest.raises(PublisherFailed, match="closed"):
         publisher.submit(3, {})
+
+
+def test_the_oldest_version_rebuilds_bit_for_bit_and_a_corrupted_undo_delta_is_caught_at_the_end_of_the_chain():
+    store = VersionStore(capacity=12, whole_states=1, cached_states=1)
+    published = {}
+    for version, state in enumerate(states(12, seed=3)):
+        published[version] = state
+        store.add(version, state)
+    oldest = min(store.hashes)
+    assert len(store._undo) == 11
+    assert state_hash(store.state(oldest)) == state_hash(published[oldest]) == store.hashes[oldest]  # 11 undo deltas
+    # an undo delta that names the right versions and hashes but rebuilds other weights (moved once
+    # more): every step's header checks pass, and the final hash tells
+    def lying(version):
+        newer, _ = store._undo[version]
+        wrong = {k: (v.view(torch.int16) + 1).view(torch.bfloat16) for k, v in published[version].items()}
+        return newer, encode_delta(published[newer], wrong, base_version=newer, version=version,
+                                   base_hash=store.hashes[newer], new_hash=store.hashes[version])
+
+    for version in (oldest, 5):  # the chain's last step; one in the middle (later steps may then not even decode)
+        good = store._undo[version]
+        store._undo[version] = lying(version)
+        store._cache.clear()
+        with pytest.raises(CorruptVersion, match="does not match its hash" if version == oldest else ""):
+            store.state(oldest)
+        assert oldest not in store._cache  # nothing wrong is kept
+        store._undo[version] = good
+    # an undo delta held for the wrong version is caught at its step (its recorded pairing)
+    newer, good = store._undo[5]
+    store._undo[5] = (newer, store._undo[4][1])
+    with pytest.raises(CorruptVersion, match="delta to version 4 does not apply to this base"):
+        store.state(oldest)
+    store._undo[5] = (newer, good)
+    assert state_hash(store.state(oldest)) == store.hashes[oldest]
