@@ -554,13 +554,10 @@ def _entries(body: dict, base: Mapping[str, torch.Tensor] | None):
 
 
 def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | None = None, *,
-                           max_bytes: int = MAX_PAYLOAD_BYTES, base_hash: str | None = None,
-                           check_result: bool = True) -> tuple[int, dict[str, torch.Tensor], str, str]:
+                           max_bytes: int = MAX_PAYLOAD_BYTES,
+                           base_hash: str | None = None) -> tuple[int, dict[str, torch.Tensor], str, str]:
     """(version, state, hash, kind): as apply_payload, also returning the verified hash and the kind.
-    `base_hash`: state_hash(base) when the caller knows it (a version it verified): not hashed again.
-    `check_result=False`: the result is not hashed, and the hash returned is the one the payload
-    records, unverified: only for a caller that checks the end of a chain of its own payloads
-    against a hash it computed itself (VersionStore.state), never for payloads from elsewhere."""
+    `base_hash`: state_hash(base) when the caller knows it (a version it verified): not hashed again."""
     body = _load(payload, max_bytes, inflate=False)
     delta = body["kind"] == "delta"
     if delta and base is None:
@@ -593,12 +590,7 @@ def apply_payload_verified(payload: bytes, base: Mapping[str, torch.Tensor] | No
         for i, args in jobs:
             pending.setdefault(sparse[i][0], []).append(pool.submit(_apply_piece, *args))
         try:  # the result's hash, tensor by tensor as the pool finishes them
-            if check_result:
-                digest = _state_hash(state, pending)
-            else:
-                for future in (f for futures in pending.values() for f in futures):
-                    future.result()
-                digest = body["hash"]
+            digest = _state_hash(state, pending)
         except _MALFORMED as exc:
             raise malformed(exc) from exc
     if digest != body["hash"]:
