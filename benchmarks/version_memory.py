@@ -6,8 +6,11 @@ States are generated, not trained: random bf16 tensors of Qwen3-0.6B's parameter
 embeddings once: 596 M parameters, 1.19 GB a state), each version moving ~4% of the elements by one
 step of their bits (a one-ulp move, as a bf16 element crossing a rounding boundary does at RL
 learning rates). Only one or two states are ever whole in this process: the rest is held encoded.
-Also measured: the time to rebuild the oldest version (64 undo deltas, each result checked against
-its hash) and the newest but one (one undo delta), with no rebuilt version cached.
+Also measured: the time to rebuild the oldest version (64 undo deltas, the end checked against its
+hash) and the newest but one (one undo delta), with no rebuilt version cached; and, as the baseline
+in the same run, the store's old way of rebuilding the oldest: 64 undo deltas in the wire codec
+(format 5), each applied with its base and result hashed (GEPO_VERSION_MEMORY_BASELINE=0 skips it;
+the RSS figures include those baseline deltas, tracked bytes do not).
 
 `python -m benchmarks version_memory` (GEPO_VERSION_MEMORY_VERSIONS=65, GEPO_VERSION_MEMORY_SCALE=1.0:
 a fraction of the vocabulary and MLP width, GEPO_VERSION_MEMORY_LAYERS=28: fewer layers, for a quicker run)
@@ -78,12 +81,14 @@ def trimmed_rss() -> int:
 
 
 def run() -> dict:
-    from swarm.fabric.weights.delta import state_hash
+    from swarm.fabric.weights.delta import apply_payload_verified, encode_delta, state_hash
     from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
 
     versions = int(os.environ.get("GEPO_VERSION_MEMORY_VERSIONS", 65))
     scale = float(os.environ.get("GEPO_VERSION_MEMORY_SCALE", 1.0))
     layers = int(os.environ.get("GEPO_VERSION_MEMORY_LAYERS", 28))
+    baseline = os.environ.get("GEPO_VERSION_MEMORY_BASELINE", "1") != "0"
+    wire_undo: list[bytes] = []  # the old store's undo deltas (format 5), newest first once reversed
     load_before = os.getloadavg()[0]
     gen = torch.Generator().manual_seed(0)
     rss_start = rss_bytes()
@@ -98,7 +103,10 @@ def run() -> dict:
         hashes[version] = store.add(version, state, owned=True)
         add_s.append(time.perf_counter() - started)
         if version + 1 < versions:
-            state = next_state(state, gen)
+            older, state = state, next_state(state, gen)
+            if baseline:
+                wire_undo.append(encode_delta(state, older, base_version=version + 1, version=version))
+            del older
         print(f"[version_memory] version {version}: add {add_s[-1]:.1f}s, held {store.held_bytes()}", flush=True)
     del state
     held = store.held_bytes()
@@ -113,12 +121,20 @@ def run() -> dict:
         timings[name] = round(time.perf_counter() - started, 2)
         assert state_hash(rebuilt) == hashes[version], f"version {version} rebuilt wrong"
         del rebuilt
+    if baseline:  # the old way: each wire-codec undo delta applied with its base and result hashed
+        state = store.state(max(store.hashes))
+        started = time.perf_counter()
+        for payload in reversed(wire_undo):
+            _, state, _, _ = apply_payload_verified(payload, state)
+        timings["oldest_before"] = round(time.perf_counter() - started, 2)
+        assert state_hash(state) == hashes[oldest]
+        del state
     rss_peak = rss_bytes() - rss_start
     load_after = os.getloadavg()[0]
     tracked = held["whole"] + held["undo"] + held["deltas"]
     figures = {
         "versions": versions, "scale": scale, "layers": layers, "parameters": params, "snapshot_bytes": size, "changed_per_version": CHANGED,
-        "held_bytes": held, "tracked_bytes": tracked, "tracked_over_snapshot": round(tracked / size, 3),
+        "held_bytes": held, "wire_undo_bytes_before": sum(map(len, wire_undo)), "tracked_bytes": tracked, "tracked_over_snapshot": round(tracked / size, 3),
         "old_store_over_snapshot": versions, "rss_one_state_bytes": rss_one, "rss_held_bytes": rss_held,
         "rss_held_over_snapshot": round(rss_held / size, 3), "rss_trimmed_bytes": rss_trimmed,
         "rss_trimmed_over_snapshot": round(rss_trimmed / size, 3), "rss_after_rebuilds_bytes": rss_peak,
@@ -143,6 +159,10 @@ def run() -> dict:
                     ["add a version (encode delta and undo delta, hash), median s", figures["add_seconds_median"]],
                     ["rebuild the newest but one, s", timings["newest_but_one"]],
                     [f"rebuild the oldest ({versions - 1} undo deltas), s", timings["oldest"]],
+                    *([["... before (the wire codec's undo deltas, each apply hashed), s", timings["oldest_before"]],
+                       ["... speed-up", round(timings["oldest_before"] / max(timings["oldest"], 1e-9), 1)],
+                       ["undo deltas before, in the wire codec (GB)", round(sum(map(len, wire_undo)) / 1e9, 3)]]
+                      if baseline else []),
                 ])
                 + f"\nLoad average before/after: {figures['load_average']} on {os.cpu_count()} CPUs"
                 + (" (the machine was busy with other work: timings are disturbed, bytes are not)" if figures["busy"] else "")

@@ -436,9 +436,10 @@ def _picked_ranges(changed: list) -> dict:
 
 
 def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], *, base_version: int, version: int,
-                 level: int = ZLIB_LEVEL, base_hash: str | None = None) -> bytes:
+                 level: int = ZLIB_LEVEL, base_hash: str | None = None, new_hash: str | None = None) -> bytes:
     """A delta turning `base` (published as `base_version`) into `new` (`version`), bit for bit.
-    `base_hash`: state_hash(base), when the caller knows it already (saves hashing the base)."""
+    `base_hash`, `new_hash`: state_hash(base) and state_hash(new), when the caller knows them
+    already (saves hashing the states: a store encoding undo deltas between versions it hashed)."""
     if set(base) != set(new):
         raise ValueError(f"tensor names differ between versions: {sorted(set(base) ^ set(new))[:5]}")
     names = sorted(new)
@@ -448,7 +449,7 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
             raise ValueError(f"{name}: {a.dtype}{tuple(a.shape)} -> {b.dtype}{tuple(b.shape)}; send a snapshot instead")
     with _workers() as pool:
         hashes = (pool.submit(lambda: base_hash) if base_hash is not None else pool.submit(state_hash, base)), \
-            pool.submit(state_hash, new)
+            (pool.submit(lambda: new_hash) if new_hash is not None else pool.submit(state_hash, new))
         tensors, changed = [], []
         for name in names:
             old_bits, new_bits = _bits(base[name]), _bits(new[name])

@@ -14,7 +14,8 @@ announcement's recent versions: chunked_fetch.delta_base).
 
 A learner holds up to max_staleness + 1 versions for verification and serving, so not each one
 whole: the newest is whole and each older one an undo delta from the one after it, rebuilt on
-demand (`VersionStore.state`) with a small cache of the versions rebuilt last.
+demand (`VersionStore.state`: one copy of the newest and a scatter of each undo delta's changes,
+undo.py) with a small cache of the versions rebuilt last.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from swarm.fabric.weights.delta import (
     non_finite_tensors,
     state_hash,
 )
+from swarm.fabric.weights.undo import UndoDelta, apply_chain, encode_undo
 from swarm.fabric.weights.upload_slots import HolderBusy
 
 logger = logging.getLogger(__name__)
@@ -153,9 +155,10 @@ class VersionStore:
 
     capacity: the most versions held (the oldest go first). whole_states: how many of the newest
     versions are held whole (None: all of them, as a sampler that loads them does); each older one
-    is held as an undo delta from the version after it, encoded as it stops being whole, and is
-    rebuilt from the nearest whole state by applying undo deltas, each checked against the version's
-    hash. At Qwen3-0.6B shape (1.2 GB a state) with ~4% of elements changing per version an undo
+    is held as an undo delta from the version after it (undo.py: never sent, so coded to apply
+    fast rather than as a wire delta), encoded as it stops being whole, and is rebuilt from the
+    nearest whole state by applying undo deltas, the result checked against the version's hash
+    (`state`). At Qwen3-0.6B shape (1.2 GB a state) with ~4% of elements changing per version an undo
     delta is ~1.7% of a state: 65 versions held as one whole state and 64 undo deltas take about two
     states' worth instead of 65 (benchmarks/version_memory.py). cached_states: the most recently
     rebuilt versions kept whole beside them (an LRU: verification asks for a few recent versions
@@ -174,7 +177,7 @@ class VersionStore:
         self.bases: dict[int, int] = {}
         self.states = HeldStates(self)
         self._whole: dict[int, dict[str, torch.Tensor]] = {}
-        self._undo: dict[int, tuple[int, bytes]] = {}  # version -> (the version it is rebuilt from, the delta that does it)
+        self._undo: dict[int, UndoDelta] = {}  # version -> the changes that take the version after it back to it
         self._cache: OrderedDict[int, dict[str, torch.Tensor]] = OrderedDict()
         self._rebuilding = threading.Lock()  # one rebuild at a time: each holds a whole state while it works
         self._state_bytes = 0  # a whole state's size (snapshot_bytes of the newest)
@@ -203,8 +206,11 @@ class VersionStore:
                 raise ValueError(f"version {version} is not newer than the newest held ({latest}); versions never go back")
             previous = self._whole.get(latest) if latest is not None else None
             whole = sorted(self._whole)
-        if delta is None and previous is not None:
-            delta, base = encode_delta(previous, state, base_version=latest, version=version), latest
+            known = {v: self.hashes[v] for v in whole if v in self.hashes}
+        known[version] = digest
+        if delta is None and previous is not None:  # (both hashes known: neither state is hashed again)
+            delta, base = encode_delta(previous, state, base_version=latest, version=version, base_hash=known[latest],
+                                       new_hash=digest), latest
         elif delta is not None and base is None:
             base = version - 1
         undo = {}
@@ -214,7 +220,8 @@ class VersionStore:
             for older, newer in zip(ladder, ladder[1:]):
                 if older not in kept and older in self.hashes:
                     newer_state = state if newer == version else self._whole[newer]
-                    undo[older] = (newer, encode_delta(newer_state, self._whole[older], base_version=newer, version=older))
+                    undo[older] = encode_undo(newer_state, self._whole[older], newer=newer, newer_hash=known[newer],
+                                              version=older, version_hash=known[older])
         with self.lock:
             if snapshot is not None:
                 self._snapshot = (version, snapshot)
@@ -249,12 +256,25 @@ class VersionStore:
         """What the held versions take, in bytes: whole states, rebuilt ones cached, undo and forward deltas."""
         with self.lock:
             return {"whole": len(self._whole) * self._state_bytes, "cached": len(self._cache) * self._state_bytes,
-                    "undo": sum(len(p) for _, p in self._undo.values()), "deltas": sum(map(len, self.deltas.values()))}
+                    "undo": sum(u.nbytes for u in self._undo.values()), "deltas": sum(map(len, self.deltas.values()))}
+
+    def ready(self, version: int) -> bool:
+        """Whether held `version` is whole or cached: `state` returns it without rebuilding."""
+        with self.lock:
+            return version in self._whole or version in self._cache
 
     def state(self, version: int) -> dict[str, torch.Tensor]:
         """The weights of held `version` (KeyError: not held): whole, cached, or rebuilt from the
-        nearest newer whole state through undo deltas, each result checked against its hash
-        (CorruptVersion should one not rebuild: a bug, never a peer's doing)."""
+        nearest newer whole (or cached) state through undo deltas (CorruptVersion should it not
+        rebuild: a bug, never a peer's doing).
+
+        The chain is applied to one copy of the base, each undo delta scattering its changes into
+        it (undo.py: time in proportion to the changes, not the model), and only its end is
+        hashed: the undo deltas were encoded here, from states whose hashes this store computed,
+        so hashing every state on the way (as the wire codec's applies do, twice a step) would
+        check nothing the end does not. Each step checks the delta's recorded pairing (it starts
+        from the version and hash the last one ended at), which costs no pass over the weights; a
+        corrupted undo delta anywhere in the chain makes the end's hash differ."""
         with self.lock:
             found = self._whole.get(version)
             if found is None and version in self._cache:
@@ -272,14 +292,16 @@ class VersionStore:
                 while start not in self._whole and start not in self._cache:
                     if start not in self._undo:
                         raise KeyError(f"version {version} is held but cannot be rebuilt (no undo delta of {start})")
-                    newer, payload = self._undo[start]
-                    chain.append((start, payload))
-                    start = newer
-                state = self._whole[start] if start in self._whole else self._cache[start]
-            for target, payload in reversed(chain):
-                got, state, _, _ = apply_payload_verified(payload, state)
-                if got != target:
-                    raise CorruptVersion(f"undo delta held for version {target} rebuilt version {got}")
+                    undo = self._undo[start]
+                    if undo.newer <= start:  # (never: each is rebuilt from a newer version)
+                        raise CorruptVersion(f"undo delta held for version {start} is from version {undo.newer}")
+                    chain.append(undo)
+                    start = undo.newer
+                base = self._whole[start] if start in self._whole else self._cache[start]
+                base_hash, want = self.hashes[start], self.hashes[version]
+            state = apply_chain(base, base_hash, chain[::-1])
+            if state_hash(state) != want:
+                raise CorruptVersion(f"version {version} rebuilt through {len(chain)} undo deltas does not match its hash")
             with self.lock:
                 if version in self.hashes and self.cached_states > 0:
                     self._cache[version] = state

@@ -3,15 +3,17 @@ rebuilt bit for bit (its hash), held bytes stay near one state, chains of deltas
 publisher skipped, and a background Publisher skips and composes when encoding is slower than the
 steps while a receiver following what it publishes (over a real transport) always matches it."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
 import torch
 
-from swarm.fabric.weights.delta import apply_payload_verified, state_hash
+from swarm.fabric.weights.delta import CorruptVersion, apply_payload_verified, state_hash
 from swarm.fabric.weights.follower import fetch_from_holders
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
+from swarm.fabric.weights.undo import encode_undo
 from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
 
 SHAPES = {"embed": (512, 96), "layer.0.w": (96, 288), "layer.0.norm": (96,), "layer.1.w": (288, 96)}
@@ -152,3 +154,43 @@ def test_closing_while_publishing_finishes_the_version_under_way_and_drops_the_w
     assert not any(t.name == "version-publisher" and t.is_alive() for t in threading.enumerate())
     with pytest.raises(PublisherFailed, match="closed"):
         publisher.submit(3, {})
+
+
+def test_the_oldest_version_rebuilds_bit_for_bit_and_a_corrupted_undo_delta_is_caught_at_the_end_of_the_chain():
+    store = VersionStore(capacity=12, whole_states=1, cached_states=1)
+    published = {}
+    for version, state in enumerate(states(12, seed=3)):
+        published[version] = state
+        store.add(version, state)
+    oldest = min(store.hashes)
+    assert len(store._undo) == 11
+    assert state_hash(store.state(oldest)) == state_hash(published[oldest]) == store.hashes[oldest]  # 11 undo deltas
+    # an undo delta that names the right versions and hashes but rebuilds other weights (moved once
+    # more): every step's header checks pass, and the final hash tells
+    def lying(version):
+        newer = store._undo[version].newer
+        wrong = {k: (v.view(torch.int16) + 1).view(torch.bfloat16) for k, v in published[version].items()}
+        return encode_undo(published[newer], wrong, newer=newer, newer_hash=store.hashes[newer], version=version,
+                           version_hash=store.hashes[version])
+
+    for version in (oldest, 5):  # the chain's last step; one in the middle
+        good = store._undo[version]
+        store._undo[version] = lying(version)
+        store._cache.clear()
+        with pytest.raises(CorruptVersion, match=f"version {oldest} rebuilt through 11 undo deltas does not match its hash"):
+            store.state(oldest)
+        assert oldest not in store._cache  # nothing wrong is kept
+        store._undo[version] = good
+    # an undo delta held for the wrong version is caught at its step (its recorded pairing)
+    good = store._undo[5]
+    store._undo[5] = dataclasses.replace(store._undo[4], newer=6)  # version 4's changes, held as version 5's
+    with pytest.raises(CorruptVersion, match="undo delta to version 4 starts from version 6, not from the state"):
+        store.state(oldest)
+    store._undo[5] = good
+    # one that does not decode (a stream cut short) is said so
+    name, count, gaps, steps = good.tensors[0]
+    store._undo[5] = dataclasses.replace(good, tensors=((name, count, gaps[:-3], steps), *good.tensors[1:]))
+    with pytest.raises(CorruptVersion, match="undo delta to version 5 does not decode"):
+        store.state(oldest)
+    store._undo[5] = good
+    assert state_hash(store.state(oldest)) == store.hashes[oldest]
