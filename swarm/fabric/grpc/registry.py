@@ -13,6 +13,10 @@ has a live record or announcement in it, and only that learner's key renews them
 part in at most `max_runs_per_owner` runs (a key is one owner however its text is spelt). Records
 of a run no learner holds yet (samplers that came first) wait in one of at most `max_runs`
 waiting runs, which take no slot from a learner.
+
+A run owner's revocation list (`swarm authorize --revoke --transport grpc`) is kept per run and
+owner key, posted only by the key that signed it, a newer one replacing an older one; peers ask for
+their owners' lists and check the signatures themselves (GrpcFabric.revoked).
 """
 
 from __future__ import annotations
