@@ -211,7 +211,9 @@ class GrpcFabric:
         """Post this key's revocation list (authority.revoke, signed by this peer's key) to the
         registry: (stored, the registry's reason when not)."""
         reply = self._call("Revoke", {"run_id": self.run_id, "token": revocations.token})
-        return bool(reply.get("ok")), str(reply.get("reason", "")) if isinstance(reply, dict) else "a malformed reply"
+        if not isinstance(reply, dict):
+            return False, "a malformed reply"
+        return bool(reply.get("ok")), str(reply.get("reason", ""))
 
     def revoked(self, owners: Iterable[bytes]) -> frozenset[str]:
         """Fingerprints of the learner keys the run owners `owners` revoked: each owner's newest list
