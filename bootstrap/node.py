@@ -4,7 +4,8 @@ it is a DHT node with a stable peer id; over gRPC it is the registry of the run'
 It holds no model and imports none; several bootstrap nodes (or any running peer) can serve as
 initial peers of a hivemind swarm, so losing one does not split it. In its run directory:
 ready.json (the addresses to pass to --peers) and events.jsonl (a status record every
-`status_every_s`: how many learners and samplers, the learner's version). With `dashboard_port` it
+`status_every_s`: how many learners and samplers their records say; no learner version, which only
+the run's key can vouch for and this node knows none). With `dashboard_port` it
 also serves the live dashboard of the swarm (swarm/dashboard/).
 """
 
@@ -21,6 +22,10 @@ from swarm.fabric.membership.identity import default_identity_dir
 from swarm.fabric.transports import observe, start_bootstrap
 from swarm.runlog import EventLog, write_ready
 from swarm.signals import install_stop_signals
+
+
+VERSION_HINT = ("; the learner's version is not shown here (any peer can call itself a learner): "
+                "`swarm status --learner-key KEY` reads the one the run's key announced")
 
 
 def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = print,
@@ -59,16 +64,17 @@ def run_bootstrap(config: BootstrapConfig, *, echo: Callable[[str], None] = prin
                 echo(f"  --peers {addr}")
         if dashboard is not None:
             echo(f"dashboard of run '{config.run_id}' at {dashboard.url}")
-        started = time.time()
+        started, told_version = time.time(), False
         while not stop.wait(config.status_every_s):
             members = node.members()
             roles = {r: sum(m.record.role == r for m in members) for r in ("sampler", "learner")}
-            versions = [m.record.version for m in members if m.record.role == "learner"]
-            newest = max(versions) if versions else None
+            # no learner version: this node knows no run key, and a version from the records is any
+            # writer's word (a squatter calling itself a learner at 999999); the run's key tells it
             events.event("status", uptime_s=round(time.time() - started, 1), learners=roles["learner"],
-                         samplers=roles["sampler"], learner_version=newest)
+                         samplers=roles["sampler"])
             echo(f"[{time.strftime('%H:%M:%S')}] up {int(time.time() - started)}s: {roles['learner']} learner(s), "
-                 f"{roles['sampler']} sampler(s), learner version {newest if newest is not None else '-'}")
+                 f"{roles['sampler']} sampler(s) by their records{'' if told_version else VERSION_HINT}")
+            told_version = True
     finally:
         if dashboard is not None:
             dashboard.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
+from swarm.config import TRANSPORTS, SwarmSettings, default_of
 from swarm.config.learner_keys import decode_learner_key, encode_learner_key
 from swarm.fabric.membership.authority import CERTIFICATE_DAYS, MAX_CERTIFICATE_DAYS, issue, parse_revocations, revoke
 from swarm.fabric.membership.identity import identity_dir_or_default, load_existing_signing_key, load_or_create_signing_key
@@ -31,14 +32,19 @@ from swarm.fabric.signing import owner_key
               help="instead: take back this learner key's certificate (repeatable); the owner's revocation list, kept "
                    "in OWNER_KEY_FILE.revoked-RUN_ID, is published to the swarm through --peers")
 @click.option("--peers", multiple=True, cls=GroupedOption, group="swarm",
-              help="with --revoke: a multiaddr of the run's hivemind swarm to publish the revocation list through")
+              help="with --revoke: the run's swarm to publish the revocation list through (a hivemind multiaddr, "
+                   "or the gRPC registry's KEYID@HOST:PORT with --transport grpc)")
+@click.option("--transport", type=click.Choice(TRANSPORTS), default=default_of(SwarmSettings, "transport"), show_default=True,
+              cls=GroupedOption, group="swarm", help="with --revoke --peers: the run's transport")
+@click.option("--insecure", is_flag=True, cls=GroupedOption, group="swarm",
+              help="with --transport grpc: a registry that runs --insecure (plain text)")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, cls=GroupedOption, group="output",
               help="write the certificate to this file (mode 0600) instead of printing it")
-def authorise_command(owner_key_file, learner_key, run_id, days, revoke, peers, out):
+def authorise_command(owner_key_file, learner_key, run_id, days, revoke, peers, transport, insecure, out):
     """Certify a learner's key for a run: prints the certificate it passes as `--certificate`.
     With --revoke, take certificates back: samplers and learners refuse the keys named."""
     if revoke:
-        _revoke(owner_key_file, run_id, revoke, peers)
+        _revoke(owner_key_file, run_id, revoke, peers, transport, insecure)
         return
     if not learner_key:
         raise click.UsageError("--learner-key is needed (the key to certify), or --revoke KEY to take one back")
@@ -58,7 +64,7 @@ def revocations_file(owner_key_file: Path, run_id: str) -> Path:
     return Path(f"{owner_key_file}.revoked-{run_id}")
 
 
-def _revoke(owner_key_file: Path, run_id: str, keys, peers) -> None:
+def _revoke(owner_key_file: Path, run_id: str, keys, peers, transport: str, insecure: bool) -> None:
     """Add `keys` to the owner's revocation list for `run_id`, keep it beside the owner key, and
     publish it through `peers` (it lasts in the swarm as long as a certificate can)."""
     with user_errors():
@@ -70,19 +76,41 @@ def _revoke(owner_key_file: Path, run_id: str, keys, peers) -> None:
         path.write_text(revocations.token + "\n")
     click.echo(f"{len(revocations.revoked)} key(s) revoked in run '{run_id}'; the list is kept in {path}")
     if not peers:
-        click.echo("not published yet: run this again with --peers ADDR (the run's hivemind swarm) to publish it")
+        click.echo("not published yet: run this again with --peers ADDR (the run's swarm) to publish it")
         return
+    publish = _publish_grpc if transport == "grpc" else _publish_hivemind
+    publish(owner, revocations, list(peers), insecure)
+    click.echo(f"published to the swarm through {', '.join(peers)}: samplers and learners refuse the revoked key(s)")
+
+
+def _publish_hivemind(owner, revocations, peers: list[str], insecure: bool) -> None:
     from swarm.fabric.hivemind.dht import start_dht  # hivemind pulls in torch: not at `swarm --help`
     from swarm.fabric.hivemind.records import store_revocations
 
     with user_errors(TimeoutError, OSError):
-        dht, _ = start_dht(run_id, initial_peers=list(peers), client_mode=True, signing_key=owner)
+        dht, _ = start_dht(revocations.run_id, initial_peers=peers, client_mode=True, signing_key=owner)
         try:
             if not store_revocations(dht, owner_key(owner), revocations):
                 raise OSError(f"no node of the swarm at {', '.join(peers)} stored the revocation list; check --peers and try again")
         finally:
             dht.shutdown()
-    click.echo(f"published to the swarm through {', '.join(peers)}: samplers and learners refuse the revoked key(s)")
+
+
+def _publish_grpc(owner, revocations, peers: list[str], insecure: bool) -> None:
+    """Post the list to the run's registry, signed by the owner's key (the registry takes a list
+    only from the key that signed it)."""
+    from swarm.fabric.grpc.fabric import GrpcFabric  # grpc and torch: not at `swarm --help`
+    from swarm.fabric.interface import JoinError
+
+    with user_errors(JoinError, TimeoutError, OSError):
+        fabric = GrpcFabric(peers[0], revocations.run_id, owner, serve=False, insecure=insecure,
+                            heartbeat_s=default_of(SwarmSettings, "heartbeat_s"))
+        try:
+            stored, reason = fabric.publish_revocations(revocations)
+        finally:
+            fabric.shutdown()
+        if not stored:
+            raise OSError(f"the registry at {peers[0]} refused the revocation list: {reason}")
 
 
 @click.command("learner-key", cls=GroupedCommand)

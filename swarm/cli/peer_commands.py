@@ -115,8 +115,8 @@ def status_command(peers, run_id, transport, insecure, learner_keys, learner_key
         try:
             while True:
                 now, members = observer.now(), _members_and_learners(observer, keys)
-                _, rows = status_rows(now, members)
                 learner_version = _announced_version(observer, keys)
+                _, rows = status_rows(now, members, learner_version)
                 flags = status_flags(now, members, learner_version, args=swarm_args(peers, run_id, transport))
                 if as_json:
                     click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
@@ -197,10 +197,11 @@ def observe_swarm(transport: str, run_id: str, peers, *, insecure: bool = False)
         observer.shutdown()
 
 
-def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
+def status_rows(now: float, members: list, learner_version: int | None) -> tuple[int | None, list[dict]]:
     """The learner's version and one row per member, as `swarm status --json` prints them: the
-    library's `swarm.dashboard.live.status_rows` (a peer's own dashboard shows the same rows)."""
-    return rows_of(now, members)
+    library's `swarm.dashboard.live.status_rows` (a peer's own dashboard shows the same rows),
+    staleness counted from the announced `learner_version`."""
+    return rows_of(now, members, learner_version)
 
 
 def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:

@@ -1,7 +1,7 @@
 """The dashboard over a live swarm: what `swarm status`, `swarm dashboard` and a peer started with
 `--dashboard-port` share.
 
-- `status_rows`: the rows `swarm status` prints, from the membership records;
+- `status_rows`: the rows `swarm status` prints, from the membership records (staleness from the announced version);
 - `read_swarm`: one look through any fabric (an observer, or a peer's own): those rows plus each
   record's model and relay, and the newest version announcement;
 - `LiveDashboard`: the view, its poller and its web server together, over a fabric. `swarm
@@ -21,13 +21,14 @@ from swarm.dashboard.runs import RunDirs
 from swarm.dashboard.server import DashboardServer
 from swarm.dashboard.state import Reading, SwarmView, announcement_fields
 
-ANY_LEARNER = "every peer whose record says learner (unverified: pass --learner-key)"
+NO_KEY = "none: no learner key given, so no version is shown (any peer can call itself a learner; pass --learner-key)"
 
 
-def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
-    """The learner's version (the newest a learner's record holds; None without a learner) and one
-    row per member, as `swarm status --json` prints them. Every string in a row is the peer's own."""
-    learner_version = max((m.record.version for m in members if m.record.role == "learner"), default=None)
+def status_rows(now: float, members: list, learner_version: int | None = None) -> tuple[int | None, list[dict]]:
+    """The learner's version and one row per member, as `swarm status --json` prints them, each
+    row's staleness counted from `learner_version`: the version announced under the run's keys
+    (the caller reads it), never one a membership record claims, which any peer can write. Every
+    string in a row is the peer's own."""
     rows = [{"role": m.record.role, "peer_id": m.record.peer_id, "version": m.record.version,
              "staleness": None if learner_version is None else learner_version - m.record.version,
              "rollouts": m.record.rollouts, "tokens_per_s": round(m.record.tokens_per_s, 1),
@@ -42,14 +43,15 @@ def status_rows(now: float, members: list) -> tuple[int | None, list[dict]]:
 def read_swarm(observer, learner_keys: Sequence[bytes]) -> Reading:
     """One look at the swarm through `observer` (any fabric): every member's row (as `swarm status`
     shows it, plus the model and whether others can dial it) and the newest announcement under
-    `learner_keys` (none given: under the key of any peer whose record says learner)."""
+    `learner_keys` (the run's keys, or learners they certified). None given: no announcement, as
+    `swarm status` shows no version without --learner-key: a record's role is its writer's word."""
     now = observer.now()
     members = observer.members()
-    _, rows = status_rows(now, members)
+    keys = list(learner_keys)
+    announced = observer.latest_announced(keys) if keys else None
+    _, rows = status_rows(now, members, announced.version if announced is not None else None)
     for row, member in zip(rows, members):
         row.update(model=member.record.model, relay=member.record.relay)
-    keys = list(learner_keys) or [m.owner for m in members if m.record.role == "learner"]
-    announced = observer.latest_announced(keys) if keys else None
     return Reading(time=time.time(), swarm_time=now, peers=rows, announcement=announcement_fields(announced))
 
 
@@ -58,8 +60,8 @@ class LiveDashboard:
     `latest_announced`, `unreachable_errors`) on host:port (0: a free one) until `close()`; a port
     taken or an address not this machine's raises OSError here, before anything runs.
 
-    `learner_keys`: count only these learners' announcements (empty: any learner's, as its record
-    says, which `announcements_from` then tells the page). `run_dirs`: run directories on this
+    `learner_keys`: count only these learners' announcements (empty: none, which `announcements_from`
+    then tells the page). `run_dirs`: run directories on this
     machine (a peer's own, a demo's), read as they grow. The observer stays the caller's to shut down."""
 
     def __init__(self, observer, *, run_id: str, transport: str, peers: Iterable[str], host: str, port: int,
@@ -68,7 +70,7 @@ class LiveDashboard:
         keys = list(learner_keys)
         self._closed = False
         self.view = SwarmView(run_id=run_id, transport=transport, peers=list(peers), poll_s=poll_s,
-                              announcements_from=announcements_from or ("the learner key(s) given" if keys else ANY_LEARNER))
+                              announcements_from=announcements_from or ("the learner key(s) given" if keys else NO_KEY))
         self.server = DashboardServer(self.view, host=host, port=port)
         try:
             self.poller = Poller(self.view, lambda: read_swarm(observer, keys),

@@ -56,10 +56,11 @@ class WeightServer(Protocol):
 
 class WeightClient(Protocol):
     def fetch(self, holder: str, want: int, want_hash: str, store: VersionStore,
-              known: Mapping[int, str] | None = None) -> FetchResult:
+              known: Mapping[int, str] | None = None, timeout_s: float | None = None) -> FetchResult:
         """Version `want` from `holder`, rebuilt and verified against `want_hash`, added to `store`
         (with the versions on the way whose hashes `known` vouches for). Raises CorruptVersion
-        (nothing added) when it does not verify, HolderBusy when the holder's slots are taken."""
+        (nothing added) when it does not verify, HolderBusy when the holder's slots are taken;
+        `timeout_s`: a shorter limit than the client's on each request (a relay's attempt)."""
 
     def close(self) -> None: ...
 

@@ -200,8 +200,8 @@ def test_the_page_builds_its_document_from_text_only():
 @pytest.mark.parametrize("transport", ["hivemind", "grpc"])
 def test_read_swarm_counts_only_learners_announcements(transport):
     """`swarm dashboard`'s look at a real swarm (the observer `swarm status` uses): rows with model and
-    relay, and the newest announcement of a learner; a sampler announcing a version from the future
-    is ignored unless its key is the one given."""
+    relay, and the newest announcement under the key given; without a key none (a record's role is
+    its writer's word); a sampler announcing a version from the future counts only under its key."""
     from swarm.dashboard import read_swarm
     from swarm.fabric.local import LocalFabrics
     from swarm.fabric.membership.records import Heartbeat
@@ -214,7 +214,8 @@ def test_read_swarm_counts_only_learners_announcements(transport):
         assert learner.announce(3, "ab" * 32) and sampler.announce(99, "cd" * 32)
         observer = observe(transport, run_id="swarm", peers=fabrics.bootstrap.addresses())
         try:
-            reading = read_swarm(observer, [])
+            assert read_swarm(observer, []).announcement is None
+            reading = read_swarm(observer, [learner.public_key])
             assert reading.announcement["version"] == 3 and reading.announcement["peer_id"] == learner.peer_id
             assert read_swarm(observer, [sampler.public_key]).announcement["version"] == 99
         finally:

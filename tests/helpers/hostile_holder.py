@@ -12,6 +12,10 @@ benchmarks/slow_holder.py).
 relaying peer, so that the learner sends later requesters of those chunks here, then serves them
 slowly: valid bytes, SLOW_PIECE bytes every SLOW_PAUSE_S (issue 45, point 4).
 
+--mode stall: fetches the newest announced version whole from the learner, lists it as held in
+its relaying record, and answers every whole-version request by stalling: it takes the request
+and never sends a byte (the whole-version fallback's worst relay: issue 45, round two).
+
 It prints "ready" once it is in place, then stays until killed."""
 
 import argparse
@@ -20,6 +24,7 @@ import time
 
 SLOW_PIECE = 512
 SLOW_PAUSE_S = 0.1
+STALL_S = 3600.0  # how long a stalling relay keeps a whole-version request waiting
 
 
 class SlowFeed:
@@ -77,13 +82,32 @@ def poison_record(fabric, transport: str, run_id: str, newest: int) -> None:
         fabric.heartbeat(beat)
 
 
+def stall(fabric, store, ann) -> None:
+    """Hold `ann`'s version, list it as held, and stall every whole-version request for it."""
+    from swarm.fabric.membership.records import Heartbeat
+
+    fabric.weight_client().fetch(ann.peer_id, ann.version, ann.hash, store)
+
+    def stalled(have, want):
+        time.sleep(STALL_S)  # the request is taken (an upload slot and all), and nothing is sent
+        raise KeyError("stalled")
+
+    store.payloads = stalled
+    beat = Heartbeat(role="sampler", version=ann.version, holds=(ann.version,), relay=True)
+    assert fabric.heartbeat(beat)
+    print("ready", flush=True)
+    while True:
+        time.sleep(1.0)
+        fabric.heartbeat(beat)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--transport", required=True)
     parser.add_argument("--peers", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--learner-key", required=True, help="hex of the learner's public key")
-    parser.add_argument("--mode", choices=("record", "take", "slow"), required=True)
+    parser.add_argument("--mode", choices=("record", "take", "slow", "stall"), required=True)
     parser.add_argument("--piece", type=int, default=SLOW_PIECE)
     parser.add_argument("--pause", type=float, default=SLOW_PAUSE_S)
     args = parser.parse_args()
@@ -107,6 +131,9 @@ def main() -> None:
             time.sleep(0.5)
     store = VersionStore()
     server = fabric.weight_server(store)
+    if args.mode == "stall":
+        stall(fabric, store, ann)
+        return
     spec = ann.chunks["snapshot"]
     me = fabric.peer_id
     fetch = ChunkedFetch(fabric.weight_client(), store.book, spec, ChunkSources([ann.peer_id], [me]), me,

@@ -29,8 +29,9 @@ from swarm.fabric.membership.addresses import (
     refuses_connections,
     usable_ip,
 )
+from swarm.fabric.membership.authority import CertificateError, Revocations, parse_revocations
 from swarm.fabric.membership.records import EXPIRY_HEARTBEATS, Heartbeat
-from swarm.fabric.signing import owner_key, signed_value, verify_owner_signature
+from swarm.fabric.signing import canonical_owner, owner_key, signed_value, verify_owner_signature
 from swarm.fabric.weights.announcement_push import PUSH_TIMEOUT_S, AnnouncementPusher
 from swarm.fabric.weights.announcements import Announced, RunSampling, VersionAnnouncement, newest_authorised
 from swarm.fabric.weights.chunks import ChunkSpec
@@ -53,6 +54,13 @@ def _verified_announcements(listed: list, keys: set[bytes]) -> list[tuple[bytes,
             except Exception:  # noqa: BLE001  signed garbage is still garbage: skip it
                 continue
     return items
+
+
+def _canonical_or_none(subkey) -> bytes | None:
+    try:
+        return canonical_owner(subkey) if isinstance(subkey, bytes) else None
+    except ValueError:
+        return None
 
 
 class GrpcFabric:
@@ -198,6 +206,31 @@ class GrpcFabric:
         listed = reply.get("versions") if isinstance(reply, dict) else None
         items = _verified_announcements(listed if isinstance(listed, list) else [], set(learner_keys))
         return newest_authorised(items, learner_keys, self.run_id)
+
+    def publish_revocations(self, revocations: Revocations) -> tuple[bool, str]:
+        """Post this key's revocation list (authority.revoke, signed by this peer's key) to the
+        registry: (stored, the registry's reason when not)."""
+        reply = self._call("Revoke", {"run_id": self.run_id, "token": revocations.token})
+        if not isinstance(reply, dict):
+            return False, "a malformed reply"
+        return bool(reply.get("ok")), str(reply.get("reason", ""))
+
+    def revoked(self, owners: Iterable[bytes]) -> frozenset[str]:
+        """Fingerprints of the learner keys the run owners `owners` revoked: each owner's newest list
+        whose signature holds here again (the registry is not trusted with the owner's authority)."""
+        owners = [key for key in map(_canonical_or_none, owners) if key is not None]
+        reply = self._call("Revocations", {"run_id": self.run_id, "owners": owners})
+        tokens = reply.get("revocations") if isinstance(reply, dict) else None
+        newest: dict[bytes, Revocations] = {}
+        for token in tokens if isinstance(tokens, list) else []:
+            try:
+                found = parse_revocations(token)
+            except (CertificateError, TypeError):
+                continue
+            if found.owner in owners and found.run_id == self.run_id and \
+                    (found.owner not in newest or found.issued > newest[found.owner].issued):
+                newest[found.owner] = found
+        return frozenset(k for found in newest.values() for k in found.revoked)
 
     def rollout_inbox(self, **options):
         return GrpcRolloutInbox(self.server, **options)

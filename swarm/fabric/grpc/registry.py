@@ -13,6 +13,10 @@ has a live record or announcement in it, and only that learner's key renews them
 part in at most `max_runs_per_owner` runs (a key is one owner however its text is spelt). Records
 of a run no learner holds yet (samplers that came first) wait in one of at most `max_runs`
 waiting runs, which take no slot from a learner.
+
+A run owner's revocation list (`swarm authorize --revoke --transport grpc`) is kept per run and
+owner key, posted only by the key that signed it, a newer one replacing an older one; peers ask for
+their owners' lists and check the signatures themselves (GrpcFabric.revoked).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from swarm.fabric.grpc.common import (REGISTRY_REQUEST_LIMIT, REQUEST_WAIT_S, SE
     SignedService, Watchdog, bind, key_id, new_server, pack, signed_body, unpack)
 from swarm.fabric.grpc.tls import INSECURE_WARNING, server_identity
 from swarm.fabric.membership.addresses import announced_address, host_port, interface_addresses, is_wildcard
+from swarm.fabric.membership.authority import MAX_CERTIFICATE_DAYS, CertificateError, parse_revocations
 from swarm.fabric.membership.records import Member, MemberRecord
 from swarm.fabric.signing import canonical_owner, owner_id, owner_key, verify_owner_signature
 from swarm.fabric.weights.announcements import VersionAnnouncement
@@ -39,6 +44,9 @@ MAX_OWNERS_ASKED = 16  # learner keys one Versions request may name
 PAGE_SIZE = 256  # entries per Members or Versions reply: 256 of the largest records stay well under 1 MiB
 MAX_MEMBER_PAGES = 64  # pages a peer follows (64 x 256 > max_per_run's default)
 REGISTRY_CALLS_PER_OWNER = 8  # registry calls one key holds open at once (a peer makes one or two at a time)
+MAX_REVOCATION_LISTS = 64  # revocation lists one run holds (one per owner key; a run has one owner, a few at most)
+MAX_REVOCATION_LISTS_PER_IP = 4  # of those, how many one remote IP may post: a flood from one address fills no run
+REVOCATION_LIFE_S = MAX_CERTIFICATE_DAYS * 86400.0 + 3600.0  # a revocation outlives every certificate it takes back
 
 
 @dataclass
@@ -110,6 +118,7 @@ class Registry:
         self.max_runs_per_owner = max_runs_per_owner
         self.members: dict[str, _Table] = {}  # run -> records by key id
         self.versions: dict[str, _Table] = {}  # run -> announcements by their key's id
+        self.revocations: dict[str, _Table] = {}  # run -> each owner key's newest revocation list, by key id
         self.lock = threading.Lock()
 
     def _expiry(self, value) -> float:
@@ -246,6 +255,57 @@ class Registry:
                  if wanted is None or k in wanted]
         return {"versions": found[:self.page_size]}
 
+    def revoke(self, request: dict, caller: Caller | None = None) -> dict:
+        """Store the caller's revocation list for the run (authority.revoke): signed by the key that
+        posts it and naming that key as its owner, so only a run owner's own key can publish the
+        list samplers and learners read under it. A newer list replaces an older one; an older one
+        is refused. Only a run the registry knows (a learner or sampler is in it) takes lists, at
+        most MAX_REVOCATION_LISTS of them, MAX_REVOCATION_LISTS_PER_IP from one IP."""
+        if caller is None:
+            return {"ok": False, "reason": "an unsigned revocation list: only the run owner's key may publish one"}
+        run_id, token = str(request.get("run_id")), request.get("token")
+        try:
+            revocations = parse_revocations(token)  # bounded: MAX_REVOCATION_CHARS, MAX_REVOKED keys
+        except CertificateError as exc:
+            return {"ok": False, "reason": str(exc)}
+        if revocations.run_id != run_id:
+            return {"ok": False, "reason": f"the revocation list is for run {revocations.run_id!r}, not {run_id!r}"}
+        if revocations.owner != caller.owner:
+            return {"ok": False, "reason": "a revocation list is published by the owner key that signed it"}
+        now = self.clock()
+        with self.lock:
+            if run_id not in set(self.members) | set(self.versions):
+                return {"ok": False, "reason": f"run {run_id!r} has no learner or sampler at this registry; publish the "
+                                               "list once the run is up"}
+            if run_id not in self.revocations and len(self.revocations) >= 2 * self.max_runs:
+                for ended in [r for r in self.revocations if r not in set(self.members) | set(self.versions)]:
+                    del self.revocations[ended]  # a run nobody is in any more: its owner publishes again
+                if len(self.revocations) >= 2 * self.max_runs:
+                    return {"ok": False, "reason": f"the registry holds revocation lists of {2 * self.max_runs} live runs"}
+            table = self.revocations.setdefault(run_id, _Table())
+            table.prune(now)
+            held = table.entries.get(caller.key)
+            if held is not None and parse_revocations(held.value["token"]).issued >= revocations.issued:
+                return {"ok": False, "reason": "a revocation list as new or newer is held; publish the newest one "
+                                               "(`swarm authorize --revoke` keeps it beside the owner key)"}
+            if held is None and len(table.entries) >= MAX_REVOCATION_LISTS:
+                return {"ok": False, "reason": f"run {run_id!r} holds {MAX_REVOCATION_LISTS} revocation lists"}
+            if (held is None or held.ip != caller.ip) and table.per_ip[caller.ip] >= MAX_REVOCATION_LISTS_PER_IP:
+                return {"ok": False, "reason": f"{caller.ip} holds {MAX_REVOCATION_LISTS_PER_IP} revocation lists in run {run_id!r}"}
+            table.put(caller.key, _Entry({"token": token}, now + REVOCATION_LIFE_S, caller.ip, owner=caller.owner))
+        return {"ok": True}
+
+    def list_revocations(self, request: dict, caller: Caller | None = None) -> dict:
+        """The revocation lists of the owner keys the request names (at most MAX_OWNERS_ASKED)."""
+        owners = request.get("owners") if isinstance(request, dict) else None
+        if not isinstance(owners, list):
+            return {"revocations": []}
+        wanted = {_key_id_or_none(o) for o in owners[:MAX_OWNERS_ASKED]}
+        with self.lock:
+            table = self.revocations.get(str(request.get("run_id")))
+            live = table.live(self.clock()) if table else {}
+        return {"revocations": [e.value["token"] for k, e in live.items() if k in wanted]}
+
     def observe(self, request: dict, caller: Caller | None = None) -> dict:
         """The address the caller's call came from, as this registry's socket saw it: what a peer
         listening on every interface tells others to dial (behind a NAT: the NAT's public address)."""
@@ -298,12 +358,13 @@ class _RegistryService:
     (grpc.common.SignedService); then its one request is read (the watchdog cuts a caller that
     never sends it), checked against the signed hash, and only then parsed."""
 
-    METHODS = ("Heartbeat", "Members", "Announce", "Versions", "Observe")
+    METHODS = ("Heartbeat", "Members", "Announce", "Versions", "Observe", "Revoke", "Revocations")
 
     def __init__(self, registry: Registry, request_wait_s: float) -> None:
         self.registry, self.request_wait_s, self.watchdog = registry, request_wait_s, Watchdog()
         self.calls = {"Heartbeat": registry.heartbeat, "Members": registry.list_members,
-                      "Announce": registry.announce, "Versions": registry.list_versions, "Observe": registry.observe}
+                      "Announce": registry.announce, "Versions": registry.list_versions, "Observe": registry.observe,
+                      "Revoke": registry.revoke, "Revocations": registry.list_revocations}
 
     def handler(self, method: str):
         def handle(requests, context, caller: Caller) -> dict:

@@ -108,8 +108,8 @@ class GrpcWeightClient(RebuildingClient):
                  max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self._channels, self._signer, self.timeout_s, self.max_payload_bytes = channels, signer, timeout_s, max_payload_bytes
 
-    def _payloads(self, holder: str, have: int | None, want: int) -> list[bytes]:
-        return self._call(holder, {"have": have, "want": want}, have, want, self.timeout_s)
+    def _payloads(self, holder: str, have: int | None, want: int, timeout_s: float | None = None) -> list[bytes]:
+        return self._call(holder, {"have": have, "want": want}, have, want, min(self.timeout_s, timeout_s or self.timeout_s))
 
     def _single(self, holder, request: dict, size: int, timeout: float, sink=None) -> bytes:
         return self._call(holder, request, None, request["version"], timeout, single=size, sink=sink)[0]

@@ -233,8 +233,9 @@ class WeightClient(RebuildingClient):
         self._kept = KeptStreams()
         self.streams_opened = 0  # new streams, for chunk requests (kept ones are used again)
 
-    def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
-        return self._client.run(self._request(holder, {"have": have, "want": want}, have, want), timeout=self.timeout_s)
+    def _payloads(self, holder, have: int | None, want: int, timeout_s: float | None = None) -> list[bytes]:
+        return self._client.run(self._request(holder, {"have": have, "want": want}, have, want),
+                                timeout=min(self.timeout_s, timeout_s or self.timeout_s))
 
     def _single(self, holder, request: dict, size: int, timeout: float,
                 sink: Callable[[bytes], None] | None = None) -> bytes:

@@ -50,6 +50,21 @@ BUSY_RETRY_S = (0.2, 0.6)  # when every holder is busy: ask again after a random
 BUSY_RETRY_MAX_S = 5.0  # with each busy round in a row, up to this
 PROGRESS_AFTER_S = 2.0  # a fetch shows its progress once it has taken this long (deltas of small models never do)
 NUDGE_GAP_S = 0.05  # a nudged look at the announcements comes at least this long after the last (a flood costs little)
+# a relay's attempt at a whole version is bounded (the learner's is not: it is the last resort),
+# so that stalling relays (MAX_RELAYS_TRIED of them) delay the learner by a bounded time: the
+# version's size at the slowest rate a relay is worth waiting for, plus a grace for the round
+# trips and the holder's encoding, and never more than RELAY_CAP_S (a quarter of a client's 120 s)
+RELAY_MIN_BYTES_PER_S = 4 * 1024 * 1024  # a relay slower than this for a whole version: the learner is better
+RELAY_GRACE_S = 5.0
+RELAY_CAP_S = 30.0  # also what the relays of one fetch get together
+RELAY_LEAST_S = 1.0  # a relay is not asked with less time left than this
+
+
+def relay_deadline(size: int | None) -> float:
+    """Seconds a relay gets to send a whole version of about `size` bytes (None: not known)."""
+    if size is None:
+        return RELAY_CAP_S
+    return min(RELAY_GRACE_S + max(size, 0) / RELAY_MIN_BYTES_PER_S, RELAY_CAP_S)
 
 
 def holders_for(announcement: Announced, members: Iterable = (), *, me: str = "", rng: random.Random | None = None,
@@ -70,17 +85,28 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
                        unreachable: tuple[type[BaseException], ...],
                        on_corrupt: Callable[[str, BaseException], None] | None = None,
                        known: dict[int, str] | None = None,
-                       on_unreachable: Callable[[str, BaseException], None] | None = None) -> FetchResult:
+                       on_unreachable: Callable[[str, BaseException], None] | None = None,
+                       relay_timeout_s: float | None = None, learner: str | None = None) -> FetchResult:
     """Version `want` from the first holder that serves it whole and verified. Raises HolderBusy
     when the first holder to refuse was busy and no later one failed otherwise, else the last
     holder's error (nothing is added to `store` then). `on_corrupt(holder, error)` hears of each holder that sent a version that does
-    not verify, `on_unreachable` of each that could not be reached; `known`: signed hashes of
-    recent versions (RebuildingClient.fetch)."""
+    not verify, `on_unreachable` of each that could not be reached or missed its deadline; `known`:
+    signed hashes of recent versions (RebuildingClient.fetch). `relay_timeout_s`: the limit on each
+    attempt of a holder other than `learner` (the relays: `relay_deadline`), so a relay that stalls
+    costs that long, not the client's whole timeout; the learner, the last resort, gets it all. The
+    relays together get at most RELAY_CAP_S: the learner is asked within that of the start."""
     if not holders:
         raise ValueError("no holder to fetch from")
     failure: BaseException | None = None
+    relays_until = time.monotonic() + RELAY_CAP_S
     for holder in holders:
+        bounded = relay_timeout_s is not None and holder != learner
         try:
+            if bounded:
+                limit = min(relay_timeout_s, relays_until - time.monotonic())
+                if limit < RELAY_LEAST_S:
+                    continue  # the relays' time is spent: on to the learner
+                return client.fetch(holder, want, want_hash, store, known, timeout_s=limit)
             return client.fetch(holder, want, want_hash, store, known)
         except HolderBusy as exc:
             failure = failure or exc
@@ -95,7 +121,8 @@ def fetch_from_holders(client, holders: Sequence[str], want: int, want_hash: str
         except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: gone, a transfer cut, an id that
             # does not parse (a record is data): whatever one holder raises, the next (the learner last) is asked
             log = logger.info if isinstance(exc, unreachable) else logger.warning
-            log("holder %s could not serve version %d: %s: %s", str(holder)[:64], want, type(exc).__name__, exc)
+            log("holder %s could not serve version %d%s: %s: %s", str(holder)[:64], want,
+                f" within {limit:.0f}s" if bounded else "", type(exc).__name__, exc)
             if on_unreachable is not None:
                 on_unreachable(holder, exc)
             failure = exc
@@ -255,9 +282,13 @@ class VersionFollower:
         holders = holders_for(ann, listed, me=self.fabric.peer_id, rng=self.rng, shunned=self._is_shunned)
         task = self._task(f"fetching version {ann.version}", None)
         self.client.on_received = task.advance if task is not None else None
+        # the snapshot is the largest a whole version can be; a relay gets the time it takes at a useful rate
+        snapshot = ann.chunks.get("snapshot") if ann.chunks else None
+        deadline = relay_deadline(snapshot.size if snapshot is not None else None)
         try:
             return fetch_from_holders(self.client, holders, ann.version, ann.hash, self.store, unreachable,
-                                      on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
+                                      on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable,
+                                      relay_timeout_s=deadline, learner=ann.peer_id)
         except HolderBusy:
             mine = self.store.latest if self.store.latest is not None else -1
             for version in sorted((v for v in ann.recent if v > mine), reverse=True):
@@ -266,7 +297,8 @@ class VersionFollower:
                                      newest=ann.version)[:-1]
                 if relays:
                     return fetch_from_holders(self.client, relays, version, older.hash, self.store, unreachable,
-                                              on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable)
+                                              on_corrupt=self._shun, known=ann.recent, on_unreachable=self._unreachable,
+                                              relay_timeout_s=deadline, learner=ann.peer_id)
             raise
         finally:
             self.client.on_received = None

@@ -403,7 +403,9 @@ class RebuildingClient:
     max_payload_bytes: int = MAX_PAYLOAD_BYTES
     on_received: Callable[[int], None] | None = None
 
-    def _payloads(self, holder, have: int | None, want: int) -> list[bytes]:
+    def _payloads(self, holder, have: int | None, want: int, timeout_s: float | None = None) -> list[bytes]:
+        """The payloads have -> want from `holder`; `timeout_s`: a shorter limit on the whole
+        answer than the client's own (a relay's attempt: follower.relay_deadline)."""
         raise NotImplementedError
 
     def _single(self, holder, request: dict, size: int, timeout: float,
@@ -432,7 +434,7 @@ class RebuildingClient:
         return data
 
     def fetch(self, holder, want: int, want_hash: str, store: VersionStore,
-              known: Mapping[int, str] | None = None) -> FetchResult:
+              known: Mapping[int, str] | None = None, timeout_s: float | None = None) -> FetchResult:
         """Version `want` from `holder`, added to `store`. Raises CorruptVersion (nothing is
         added) when what arrives does not rebuild `want_hash`. The versions a chain of deltas
         passes through are kept too, but only those whose hash `known` (the learner's signed
@@ -440,15 +442,16 @@ class RebuildingClient:
         (and served on) under a version number. Deltas that do not apply (this peer's base is not
         what the holder thinks) are followed by one request for a snapshot, rather than the same
         deltas again at every poll; if that request fails too, the deltas' CorruptVersion is
-        raised (a holder that sent bad data is blamed for it, however its retry ends)."""
+        raised (a holder that sent bad data is blamed for it, however its retry ends). `timeout_s`:
+        a shorter limit than the client's on each request to this holder."""
         try:
-            return self._fetch(holder, want, want_hash, store, known or {}, deltas=True)
+            return self._fetch(holder, want, want_hash, store, known or {}, deltas=True, timeout_s=timeout_s)
         except CorruptVersion as exc:
             if not getattr(exc, "from_deltas", False):
                 raise
             logger.info("deltas to version %d from %s did not apply (%s); asking for a snapshot", want, holder, exc)
             try:
-                return self._fetch(holder, want, want_hash, store, known or {}, deltas=False)
+                return self._fetch(holder, want, want_hash, store, known or {}, deltas=False, timeout_s=timeout_s)
             except CorruptVersion:
                 raise
             except Exception as later:  # noqa: BLE001  busy, gone, or hung up mid-answer: what this holder
@@ -456,11 +459,12 @@ class RebuildingClient:
                 raise exc from later
 
     def _fetch(self, holder, want: int, want_hash: str, store: VersionStore, known: Mapping[int, str], *,
-               deltas: bool) -> FetchResult:
+               deltas: bool, timeout_s: float | None = None) -> FetchResult:
         started = time.time()
         with store.lock:
             have = store.latest if deltas and store.latest is not None and store.latest < want else None
-        return self.rebuild(holder, have, self._payloads(holder, have, want), want, want_hash, store, known, started)
+        payloads = self._payloads(holder, have, want, timeout_s) if timeout_s is not None else self._payloads(holder, have, want)
+        return self.rebuild(holder, have, payloads, want, want_hash, store, known, started)
 
     def rebuild(self, holder, have: int | None, payloads: list[bytes], want: int, want_hash: str, store: VersionStore,
                 known: Mapping[int, str], started: float) -> FetchResult:
