@@ -8,13 +8,13 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from benchmarks.waiting import wait_until
 from swarm.cli.launcher import LocalSwarm
 from swarm.config.learner_keys import decode_learner_key
 from swarm.fabric.membership.authority import CertificateError, issue, key_fingerprint, parse, revoke
+from tests.helpers.processes import kill_started
 
 pytestmark = pytest.mark.slow
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -30,16 +30,7 @@ def swarm(tmp_path):
     try:
         yield local
     finally:
-        for proc in local.procs:  # only the processes this test started, by pid
-            if proc.popen.poll() is None:
-                tree = psutil.Process(proc.popen.pid)
-                victims = [tree, *tree.children(recursive=True)]
-                for p in victims:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(victims, timeout=15)
+        kill_started(local)  # only the processes this test started, by pid
 
 
 def test_certificates_expire_and_a_revoked_learner_is_refused_everywhere(swarm, tmp_path):

@@ -7,13 +7,13 @@ import json
 import os
 import subprocess
 
-import psutil
 import pytest
 
 from benchmarks.waiting import wait_until
 from swarm.checkpoint import PREFIX, latest_checkpoint
 from swarm.cli.launcher import LocalSwarm
 from swarm.runlog import read_jsonl
+from tests.helpers.processes import kill_started
 
 pytestmark = pytest.mark.slow
 SAMPLER = ("--prompts-per-round", "2", "--num-generations", "4", "--progress-every-s", "1")
@@ -66,13 +66,4 @@ def test_a_full_disk_never_stops_the_learner_and_the_next_checkpoint_retries(sma
         assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".tmp")]
         assert swarm.stop(learner) == 0, learner.text()[-3000:]
     finally:
-        for proc in swarm.procs:  # only the processes this test started, by pid
-            if proc.popen.poll() is None:
-                tree = psutil.Process(proc.popen.pid)
-                victims = [tree, *tree.children(recursive=True)]
-                for p in victims:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(victims, timeout=15)
+        kill_started(swarm)  # only the processes this test started, by pid

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 from hivemind.utils.crypto import RSAPrivateKey
 
@@ -28,6 +27,7 @@ from swarm.fabric.weights.announcements import RunSampling, VersionAnnouncement
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.fabric.weights.versions import VersionStore
 from swarm.staleness import SecondsDelay
+from tests.helpers.processes import kill_started
 
 RUN = "revoked-grpc"
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -39,16 +39,7 @@ def swarm(tmp_path):
     try:
         yield local
     finally:
-        for proc in local.procs:  # only the processes this test started, by pid
-            if proc.popen.poll() is None:
-                tree = psutil.Process(proc.popen.pid)
-                victims = [tree, *tree.children(recursive=True)]
-                for p in victims:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(victims, timeout=15)
+        kill_started(local)  # only the processes this test started, by pid
 
 
 def certified_push(learner_key, certificate: str, version: int) -> dict:

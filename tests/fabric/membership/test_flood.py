@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from benchmarks.waiting import wait_until
@@ -23,6 +22,7 @@ from swarm.config.learner_keys import decode_learner_key
 from swarm.fabric.hivemind.records import MAX_LISTED_PER_PAGE
 from swarm.fabric.membership.records import MEMBER_PAGES
 from tests.helpers.member_flood import SQUATTED_VERSION, flood
+from tests.helpers.processes import kill_started
 
 pytestmark = pytest.mark.slow
 SAMPLER = ("--prompts-per-round", "2", "--num-generations", "4", "--progress-every-s", "1")
@@ -41,16 +41,7 @@ def swarm(tmp_path):
     try:
         yield local
     finally:
-        for proc in local.procs:  # only the processes this test started, by pid
-            if proc.popen.poll() is None:
-                tree = psutil.Process(proc.popen.pid)
-                victims = [tree, *tree.children(recursive=True)]
-                for p in victims:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(victims, timeout=15)
+        kill_started(local)  # only the processes this test started, by pid
 
 
 def status(addr: str, *extra: str) -> dict:

@@ -7,7 +7,6 @@ and says where the verified one is read."""
 import json
 import urllib.request
 
-import psutil
 import pytest
 
 from benchmarks.waiting import wait_until
@@ -16,6 +15,7 @@ from swarm.dashboard import LiveDashboard, read_swarm
 from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.transports import observe
 from tests.helpers.member_flood import SQUATTED_VERSION, throwaway_key
+from tests.helpers.processes import kill_started
 
 pytestmark = pytest.mark.slow
 RUN = "squat"
@@ -27,16 +27,7 @@ def swarm(tmp_path):
     try:
         yield local
     finally:
-        for proc in local.procs:  # only the processes this test started, by pid
-            if proc.popen.poll() is None:
-                tree = psutil.Process(proc.popen.pid)
-                victims = [tree, *tree.children(recursive=True)]
-                for p in victims:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                psutil.wait_procs(victims, timeout=15)
+        kill_started(local)  # only the processes this test started, by pid
 
 
 def peer(transport: str, addr: str, key):
