@@ -11,6 +11,8 @@ memory is recorded, with its error, and the others still run; GPU memory peaks a
   gradient checkpointing off and on;
 - delta: encode (both hashes included) and apply+verify of the bf16 delta after one AdamW step at
   lr 1e-6, and the snapshot, at that shape;
+- publish: learner steps/s at that shape with the background publisher on, against off (the
+  training thread only copies the weights to the host; encoding and hashing run beside the next step);
 - verification_gap: the honest gap (swarm.verification.completion_gaps) between bf16 and fp16
   samplers' log-probs and the learner's float32 recompute, over >= 1,000 completions of 256 tokens;
 - vllm_sampler: the vLLM backend at that shape: tokens/s, an in-place update with its exactness
@@ -110,6 +112,9 @@ def _headline(name: str, r: dict) -> str:
     if name == "delta":
         return (f"delta {r['delta_bytes'] / 2**20:.1f} MiB ({r['delta_fraction']:.2%} of the snapshot); encode "
                 f"{r['encode_s']:.2f} s, apply+verify {r['apply_verify_s']:.2f} s")
+    if name == "publish":
+        return (f"steps/s with the background publisher {r['background_over_off']:.3f}x off (goal {r['goal']}); "
+                f"{r['published']} published, {r['versions_skipped']} skipped")
     if name == "verification_gap":
         return "; ".join(f"{d}: {v['completions']} completions, max {v['gap_max']:.3g}, p99.9 {v['gap_p999']:.3g}"
                          for d, v in r["by_sampler_dtype"].items())
@@ -160,6 +165,8 @@ HOW = """- Model: Qwen3's architecture with random (seeded) weights, at Qwen3-0.
   own FLOPs (about a fifth more at 1,152 tokens) are not counted, so the share is a lower bound.
 - Delta: `encode_delta` (hashes both versions), `apply_payload_verified` (hashes base and result) and
   `encode_snapshot` of the bf16 versions before and after one step at lr 1e-6, on the host.
+- Publish: `LearnerCore.step` (all groups in one micro-batch, checkpointing on) with `Publisher` and the learner's
+  `VersionStore` (one whole state, undo deltas); modes alternate in blocks, median step times compared.
 - Verification gap: the same weights on the bf16 grid, sampled by bf16 and fp16 copies (dynamic KV cache, eager) and
   recomputed by the float32 learner (`completion_logprobs`); per completion, the mean |q - p| over its tokens
   (`swarm.verification.completion_gaps`, what the learner's check compares with its tolerance).

@@ -31,7 +31,7 @@ from swarm.rollouts import RolloutGroup
 from swarm.training import LearnerCore
 from swarm.verification import completion_gaps
 
-SECTIONS = ("demo", "sampler", "learner", "delta", "verification_gap", "vllm_sampler")
+SECTIONS = ("demo", "sampler", "learner", "delta", "verification_gap", "publish", "vllm_sampler")
 PAD = 0
 QWEN3_0_6B = dict(vocab_size=151_936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, max_position_embeddings=40_960, tie_word_embeddings=True)
@@ -65,6 +65,7 @@ class Size:
     gap: Shape
     gap_rows_per_call: int
     vllm: Shape
+    publish: tuple[Shape, int, int]  # a step's groups (micro-batch: all of them), blocks per mode, steps a block
     demo: tuple[str, ...]
     budgets: dict[str, float]  # seconds per section; the whole check stops at `total_s`
     total_s: float
@@ -72,13 +73,15 @@ class Size:
 
 FULL = Size("full", QWEN3_0_6B, sampler=Shape(16, 8, 128, 256), learner=Shape(4, 8, 128, 1024), micro_batches=(1, 2, 4),
             delta_step=Shape(2, 4, 64, 128), gap=Shape(128, 8, 32, 256), gap_rows_per_call=512, vllm=Shape(16, 8, 128, 256),
-            demo=("--steps", "5", "--groups-per-step", "16", "--eval-problems", "50"),
-            budgets=dict(demo=100, sampler=60, learner=55, delta=45, verification_gap=70, vllm_sampler=120), total_s=465)
+            publish=(Shape(4, 8, 128, 1024), 2, 3), demo=("--steps", "5", "--groups-per-step", "16", "--eval-problems", "50"),
+            budgets=dict(demo=100, sampler=90, learner=55, delta=45, verification_gap=70, publish=60, vllm_sampler=120),
+            total_s=470)
 SMALL = Size("small", TINY, sampler=Shape(2, 2, 8, 8), learner=Shape(4, 2, 8, 16), micro_batches=(1, 2, 4),
              delta_step=Shape(2, 2, 8, 8), gap=Shape(3, 2, 8, 8), gap_rows_per_call=4, vllm=Shape(2, 2, 8, 8),
-             demo=("--steps", "2", "--groups-per-step", "2", "--num-generations", "2", "--samplers", "1",
+             publish=(Shape(2, 2, 8, 16), 1, 2), demo=("--steps", "2", "--groups-per-step", "2", "--num-generations", "2", "--samplers", "1",
                    "--prompts-per-round", "2", "--eval-problems", "4", "--eval-samples", "1"),
-             budgets=dict(demo=90, sampler=40, learner=40, delta=40, verification_gap=40, vllm_sampler=40), total_s=270)
+             budgets=dict(demo=90, sampler=40, learner=40, delta=40, verification_gap=40, publish=30, vllm_sampler=40),
+             total_s=300)
 
 
 @dataclass
@@ -384,6 +387,54 @@ def delta(run: Run) -> dict:
             "threads": THREADS}
 
 
+def publish(run: Run) -> dict:
+    """Learner steps/s with the background publisher (swarm/fabric/weights/publisher.py) on, against off:
+    the training thread copies the weights to the host in bf16 once a step and goes on while the
+    publisher encodes, hashes and holds the version as the learner's VersionStore does. Modes alternate
+    in blocks; the publisher finishes its last version between blocks (not counted)."""
+    from swarm.fabric.weights.publisher import Publisher
+    from swarm.fabric.weights.versions import VersionStore
+    from swarm.tied_weights import unique_state
+
+    shape, blocks, per_block = run.size.publish
+    model = build_model(run)
+    core = LearnerCore(model, PAD, learning_rate=1e-6, lr_warmup_steps=0, micro_batch_groups=shape.prompts,
+                       gradient_checkpointing=True, autocast_dtype=run.torch_dtype if run.dtype != "float32" else None)
+    groups = synthetic_groups(shape, model.config.vocab_size)
+    store = VersionStore(capacity=65, whole_states=1, cached_states=1, delta_budget=0.5)  # the learner's (peers/learner.py)
+    publisher = Publisher(store, on_published=lambda version, digest: None)
+    version = 0
+    try:
+        _, first_s = timed(run, publisher.publish_now, version, unique_state(model, torch.bfloat16, copy=True))
+        core.step(groups)  # warm-up: AdamW's state
+        times: dict[str, list[float]] = {"off": [], "background": []}
+        copy_s: list[float] = []
+        for _ in range(blocks):
+            for mode in times:
+                for _ in range(per_block):
+                    sync(run.device)
+                    started = time.perf_counter()
+                    core.step(groups)
+                    version += 1
+                    if mode == "background":
+                        copied = time.perf_counter()
+                        publisher.submit(version, unique_state(model, torch.bfloat16, copy=True))
+                        copy_s.append(time.perf_counter() - copied)
+                    sync(run.device)
+                    times[mode].append(time.perf_counter() - started)
+                if mode == "background":
+                    publisher.wait()
+            run.say(f"steps off {times['off'][-1]:.2f} s, background {times['background'][-1]:.2f} s")
+    finally:
+        publisher.close()
+    median = {mode: sorted(t)[len(t) // 2] for mode, t in times.items()}
+    return {"parameters": sum(p.numel() for p in model.parameters()), "tokens_per_step": shape.rows * (shape.prompt_tokens + shape.new_tokens),
+            "blocks": blocks, "steps_per_block": per_block, "first_version_s": first_s,
+            "median_step_s": median, "background_over_off": median["off"] / median["background"],
+            "host_copy_s_median": sorted(copy_s)[len(copy_s) // 2], "published": publisher.published,
+            "versions_skipped": len(publisher.skipped), "publisher_busy_s": publisher.busy_seconds, "goal": 0.95}
+
+
 def on_bf16_grid(model) -> None:
     """Float32 weights that are bf16 values: what a learner's verifier loads from a published version."""
     with torch.no_grad():
@@ -524,7 +575,7 @@ def vllm_figures(run: Run, model, held: dict[str, torch.Tensor], where: str) -> 
 
 SECTION_FUNCTIONS: dict[str, Callable[[Run], dict]] = {
     "demo": demo, "sampler": sampler, "learner": learner, "delta": delta, "verification_gap": verification_gap,
-    "vllm_sampler": vllm_sampler}
+    "publish": publish, "vllm_sampler": vllm_sampler}
 
 
 # --------------------------------------------------------------------------------------------- running

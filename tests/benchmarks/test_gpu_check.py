@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = {"demo", "sampler", "learner", "delta", "verification_gap", "vllm_sampler"}
+SECTIONS = {"demo", "sampler", "learner", "delta", "verification_gap", "publish", "vllm_sampler"}
 
 
 def positive(value) -> bool:
@@ -56,6 +56,10 @@ def test_small_gpu_check_runs_every_section_on_cpu(tmp_path):
         assert all(math.isfinite(gap[k]) and gap[k] >= 0 for k in ("gap_max", "gap_p999", "gap_p50", "token_gap_max")), gap
         assert gap["gap_p50"] <= gap["gap_p999"] <= gap["gap_max"] <= gap["token_gap_max"]
     assert set(sections["verification_gap"]["by_sampler_dtype"]) == {"bfloat16", "float16"}
+
+    publish = sections["publish"]
+    assert publish["published"] >= 2 and positive(publish["background_over_off"]) and positive(publish["first_version_s"])
+    assert set(publish["median_step_s"]) == {"off", "background"} and all(map(positive, publish["median_step_s"].values()))
 
     vllm = sections["vllm_sampler"]
     assert "CUDA" in vllm["skipped"]  # the model directory it would serve is still built and loaded back
