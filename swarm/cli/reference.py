@@ -35,14 +35,15 @@ def _escape(text: str) -> str:
     out = []
     for part in parts:
         if part.startswith("`") and part.endswith("`") and len(part) > 1:
-            out.append(part.replace("|", "\\|"))
+            out.append(part)  # Python-Markdown's tables take a pipe inside a code span as text
         else:
-            out.append(re.sub(r"([\\*_|\[\]<>#])", r"\\\1", part))
+            part = part.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # never read as HTML
+            out.append(re.sub(r"([\\*_|\[\]#])", r"\\\1", part))
     return "".join(out)
 
 
 def _code(text: str) -> str:
-    return "`" + str(text).replace("|", "\\|") + "`"
+    return f"`{text}`"
 
 
 def _names(param: click.Option) -> str:
@@ -132,7 +133,8 @@ def index_page(commands: dict[str, click.Command]) -> str:
              "(`swarm/config/`). `swarm COMMAND --help` prints the same.", "",
              "| command | what it does |", "|---|---|"]
     for name, command in commands.items():
-        lines.append(f"| [`swarm {name}`]({name}.md) | {_escape(command.get_short_help_str(limit=200))} |")
+        first_paragraph = _help(command).split("\n\n")[0]
+        lines.append(f"| [`swarm {name}`]({name}.md) | {_escape(first_paragraph)} |")
     return "\n".join(lines) + "\n"
 
 
