@@ -114,7 +114,7 @@ def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
 
 class LossConfig(Settings):
     """Which policy loss to use and its knobs. The default, TOPR in its paper's form, is the staleness
-    study's answer (README, "Which loss to use"): the only loss within 3% of its online accuracy at
+    study's answer (docs/staleness.md, "Which loss to use"): the only loss within 3% of its online accuracy at
     staleness 64 and 256, and within a seed's spread of the best at 0 and 8; GEPO is `name="gepo"`. Unset clip
     bounds take the loss's own defaults
     (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 3, i.e. the
