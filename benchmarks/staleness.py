@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-4,
-                        help="the same for every loss; 2e-4 is where staleness visibly hurts (README, 'Staleness study')")
+                        help="the same for every loss; 2e-4 is where staleness visibly hurts (docs/staleness.md)")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--advantage-every", type=int, default=10,
                         help="every this many steps, the error of the estimated expected advantage (0: never)")

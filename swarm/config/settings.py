@@ -114,7 +114,7 @@ def check_bootstrap_peers(transport: str, peers: Sequence[str]) -> None:
 
 class LossConfig(Settings):
     """Which policy loss to use and its knobs. The default, TOPR in its paper's form, is the staleness
-    study's answer (README, "Which loss to use"): the only loss within 3% of its online accuracy at
+    study's answer (docs/staleness.md, "Which loss to use"): the only loss within 3% of its online accuracy at
     staleness 64 and 256, and within a seed's spread of the best at 0 and 8; GEPO is `name="gepo"`. Unset clip
     bounds take the loss's own defaults
     (its paper's: GRPO/GEPO 0.2, GSPO 3e-4 / 4e-4, GMPO 0.4 in log space, CISPO none / 3, i.e. the
@@ -213,7 +213,7 @@ class SwarmSettings(Settings):
     auto_relay: bool = setting(
         False, group="swarm", help="hivemind, experimental: behind a NAT that nobody can dial, reserve a slot on a relay "
                                    "(the bootstrap nodes) and be reached through it; all that traffic then passes the "
-                                   "relay. Slow to start and not tested here (README, 'Behind a NAT')")
+                                   "relay. Slow to start and not tested here (docs/fabric.md, 'Behind a NAT')")
     client_mode: bool = setting(
         False, group="swarm", help="hivemind: take no part in storing DHT records (for a peer that others cannot dial: "
                                    "they would try it for every lookup); it still reads and writes records")
@@ -243,7 +243,7 @@ class SwarmSettings(Settings):
         check_insecure(self.transport, self.insecure)
         if self.transport == "grpc" and (self.auto_relay or self.client_mode):
             raise ValueError("--auto-relay and --client-mode are hivemind (libp2p) options; over gRPC a peer behind a "
-                             "NAT dials out and needs neither (see the README, 'Behind a NAT')")
+                             "NAT dials out and needs neither (see docs/fabric.md, 'Behind a NAT')")
         return self
 
 

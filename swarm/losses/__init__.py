@@ -5,7 +5,7 @@
                        settings (`LossConfig`) live with every other setting in swarm/config/.
 - kl.py              - k3 sampler-learner KL penalty and the KL(sampler || learner) metric.
 - token_level.py     - grpo, dr_grpo, bnpo, cispo.
-- sequence_level.py  - gspo, gmpo, topr (the default: README, "Which loss to use").
+- sequence_level.py  - gspo, gmpo, topr (the default: docs/staleness.md, "Which loss to use").
 - group_level.py     - gepo.
 - off_policy.py      - m2po, decoupled_ppo, tis_mis, opsm: objectives built for stale rollouts (and
                        why VCPO is not one of them).

@@ -19,7 +19,7 @@ per sequence, so inside a sequence whose weight is in range a negative-advantage
 ratio p_t/q_t is already below 1 - eps keeps being pushed down. That is why the paper's GEPO drifted
 2-3x further from its samplers than GRPO at staleness 8 and ended below it; dropping exactly those
 tokens' gradient, as PPO's token clip would, fixed it (38.7 against 33.9 at staleness 8 on 6 seeds)
-without losing anything at 64 (README, "GEPO's weak spot"). On-policy every token ratio is 1 and
+without losing anything at 64 (docs/staleness.md, "GEPO's weak spot"). On-policy every token ratio is 1 and
 nothing changes. `gepo_clip="weight"` is the paper.
 """
 
