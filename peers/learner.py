@@ -456,9 +456,9 @@ class Learner(Peer):
         snapshot is taken here, and the publisher encodes, hashes and announces it in the background
         (`now`: in this thread, as the first version is, before anything else happens)."""
         core = self.core
-        # a tied parameter once (swarm/tied_weights.py), copied to the CPU: the next step changes the
-        # weights while the publisher encodes these
-        state = unique_state(self.model, self.publish_dtype, copy=True)
+        # a tied parameter once (swarm/tied_weights.py), copied where the weights are: the next step
+        # changes them while the publisher takes these to the host and encodes them
+        state = unique_state(self.model, self.publish_dtype, copy=True, on_host=False)
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "

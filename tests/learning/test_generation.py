@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from swarm.generation import SamplingParams, make_backend
-from swarm.generation.transformers_backend import TransformersBackend
+from swarm.generation.transformers_backend import PROMPT_PAD_MULTIPLE, TransformersBackend
 from swarm.logprobs import completion_logprobs
 from swarm.model.loading import load_policy
 from swarm.tied_weights import unique_state
@@ -63,7 +63,11 @@ def test_a_static_kv_cache_samples_and_records_as_the_learner_recomputes(backend
     assert static.static_cache and not backend.static_cache  # on by itself only on CUDA
     prompts = [p.prompt for p in ArithmeticTask(2).problems("test")[:3]]
     sp = SamplingParams(num_completions=2, max_new_tokens=10, seed=5, temperature=0.8, top_p=0.9)
+    widths = []  # each call's prompt width: padded to a multiple of 64 (one compile per shape on a GPU)
+    sample = static.sample
+    static.sample = lambda ids, mask, params: (widths.append(ids.size(1)), sample(ids, mask, params))[1]
     gens = static.generate(prompts, sp)
+    assert widths and all(w % PROMPT_PAD_MULTIPLE == 0 for w in widths), widths
     p_ids, p_mask, c_ids, c_mask, s_lp = pad_batch(gens, backend.tokenizer)
     with torch.no_grad():
         learner = completion_logprobs(backend.model, p_ids, p_mask, c_ids, c_mask, temperature=0.8, top_p=0.9)

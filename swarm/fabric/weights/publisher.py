@@ -3,8 +3,9 @@ trains while the last version is encoded, hashed and announced.
 
 At Qwen3-0.6B shape a GPU learner steps in 1.2-1.5 s while encoding a version's delta takes 5-6 s
 and hashing it 0.85 s on the CPU: published in the training loop, versions would cost about five
-times the step. Here the training thread hands over a snapshot of the weights (copied to the CPU in
-the publish dtype: cheap beside encoding) and goes on; the publisher holds at most one version
+times the step. Here the training thread hands over a snapshot of the weights (cast to the publish dtype
+where they are: on a GPU, a copy on the GPU that the publisher's thread takes to the host on a
+CUDA stream of its own, so that the copy overlaps the next step) and goes on; the publisher holds at most one version
 waiting. When encoding falls behind, a newer snapshot replaces the waiting one (that version is
 skipped, never published), and the next delta is encoded against the last *published* state, so
 the skipped version's change is carried in it: versions are never queued without bound, and what
@@ -39,6 +40,34 @@ class PublisherFailed(RuntimeError):
     """The publisher's thread failed: no version after the last published one will be published."""
 
 
+class OnDevice:
+    """A snapshot whose tensors are (some of them) on a CUDA device, with an event recorded on the
+    submitting thread's stream after the kernels that made them."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], device: torch.device) -> None:
+        self.state, self.device = state, device
+        self.ready = torch.cuda.Event()
+        self.ready.record(torch.cuda.current_stream(device))
+
+    @classmethod
+    def of(cls, state: Mapping[str, torch.Tensor]):
+        device = next((t.device for t in state.values() if t.is_cuda), None)
+        return state if device is None else cls(state, device)
+
+    def on_host(self) -> dict[str, torch.Tensor]:
+        """The tensors on the CPU. The copies run on a stream of this thread's own, after the event:
+        on the default stream they would queue with the training thread's kernels and hold its next
+        step up; pageable host memory, since the store keeps these for as long as the version is held
+        (the copy is synchronous for this thread alone: torch releases the GIL while it runs)."""
+        stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(stream):
+            stream.wait_event(self.ready)
+            host = {k: v.to("cpu") for k, v in self.state.items()}
+        stream.synchronize()
+        self.state = {}  # the device copies are freed once the copies are done
+        return host
+
+
 class Publisher:
     """Publishes versions of `store` (a VersionStore) from its own thread, a queue of one.
 
@@ -66,8 +95,9 @@ class Publisher:
 
     def submit(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         """Has `version` published in the background; `state` is the publisher's from now on (a
-        snapshot nothing else changes). A version still waiting is replaced (skipped). Raises
-        PublisherFailed when the thread failed."""
+        snapshot nothing else changes; CUDA tensors are taken to the host in the publisher's thread).
+        A version still waiting is replaced (skipped). Raises PublisherFailed when the thread failed."""
+        state = OnDevice.of(state)
         with self._cond:
             self._check()
             if self._closed:
@@ -81,6 +111,7 @@ class Publisher:
     def publish_now(self, version: int, state: Mapping[str, torch.Tensor]) -> str:
         """Publishes `version` in the caller's thread, once everything submitted before it is done
         (a learner's first version, announced before anything else happens; inline publishing)."""
+        state = OnDevice.of(state)
         self.wait()
         with self._cond:
             self._busy = True
@@ -149,8 +180,9 @@ class Publisher:
                 self._busy = False
                 self._cond.notify_all()
 
-    def _publish(self, version: int, state: Mapping[str, torch.Tensor]) -> str:
+    def _publish(self, version: int, state) -> str:
         started = time.perf_counter()
+        state = state.on_host() if isinstance(state, OnDevice) else state
         if self.encode_delay_s:
             time.sleep(self.encode_delay_s)
         latest = self.store.latest

@@ -194,3 +194,24 @@ def test_the_oldest_version_rebuilds_bit_for_bit_and_a_corrupted_undo_delta_is_c
         store.state(oldest)
     store._undo[5] = good
     assert state_hash(store.state(oldest)) == store.hashes[oldest]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_snapshot_on_the_gpu_is_published_as_the_same_version_as_on_the_host():
+    """A GPU learner hands the publisher its weights cast on the GPU; the publisher's thread takes them
+    to the host on a stream of its own, after the kernels that made them: the same hash as a host copy,
+    though the training thread goes on writing the GPU weights at once."""
+    gen = states(2, seed=3)
+    store = VersionStore(capacity=4, whole_states=1)
+    publisher = Publisher(store, on_published=lambda v, d: None)
+    try:
+        for version, state in enumerate(gen):
+            weights = {k: v.cuda() for k, v in state.items()}
+            publisher.submit(version, {k: v.clone() for k, v in weights.items()})
+            for v in weights.values():
+                v.add_(1)  # the next step, on the default stream
+            publisher.wait(timeout=60)
+            assert store.hashes[version] == state_hash(state)
+    finally:
+        publisher.close()
