@@ -5,6 +5,12 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The processes tests start (peers, `swarm` commands, benchmark runs) take the same share of the cores
+# as this lane's torch (the _seed fixture below): with two lanes on two cores, a second torch thread
+# in each of several processes only spins against the others (benchmarks/gpu_check.py measured tiny
+# learner steps 8x slower with two threads on two busy cores). LocalSwarm already starts its peers so.
+_LANES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _LANES)))
 
 try:  # property tests: the same examples on every CI run (a failure there is reproducible); new ones locally
     from hypothesis import settings as _hypothesis_settings
