@@ -5,6 +5,12 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The processes tests start (peers, `swarm` commands, benchmark runs) take the same share of the cores
+# as this lane's torch (the _seed fixture below): with two lanes on two cores, a second torch thread
+# in each of several processes only spins against the others (benchmarks/gpu_check.py measured tiny
+# learner steps 8x slower with two threads on two busy cores). LocalSwarm already starts its peers so.
+_LANES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, os.cpu_count() or 1) // _LANES)))
 
 try:  # property tests: the same examples on every CI run (a failure there is reproducible); new ones locally
     from hypothesis import settings as _hypothesis_settings
@@ -18,7 +24,12 @@ except ImportError:
 
 # `bash dev.sh test` runs the suite in two lanes (pytest -n 2 --dist loadgroup), one per core CI has:
 # the tests that train or start many peer processes (CPU-bound) in one, those that mostly wait on
-# shaped links, timers and sockets in the other. A file is in the waiting lane when listed here.
+# shaped links, timers and sockets in the other. A file is in the waiting lane when listed here
+# (and floats when listed in FLOATING below).
+# Beware: pytest-xdist 3.8 marks a group by appending "@group" to the item's legacy _nodeid, which
+# pytest 9.2 no longer reads (structured node ids; pytest-dev/pytest-xdist#1386, fix in #1388). With
+# those versions every test is its own unit, handed to whichever worker is free: no lanes at all,
+# two peer-starting tests may overlap, and the wall time is about half the suite's summed time.
 WAITING_LANE = {
     "test_wan.py", "test_wan_relay.py", "test_wan_harness.py", "test_across_machines.py", "test_dashboard.py",
     "test_chunks.py", "test_announcement_push.py", "test_weight_versions.py", "test_fabric.py", "test_fabric_interface.py", "test_membership.py",
@@ -26,11 +37,31 @@ WAITING_LANE = {
     "test_fuzz_payloads.py", "test_progress.py", "test_stream_close.py", "test_status_flags.py", "test_layers.py",
 }
 
+# Files that start no peers and time nothing (in-process unit tests, and benchmark runs in a
+# subprocess with generous timeouts) float: each is a group of its own, which pytest-xdist hands to
+# whichever lane is nearly done with its own tests (loadgroup sorts the groups by size, so the two
+# lanes take "working" and "waiting" first, being larger than any one of these). The lanes then end
+# together instead of one waiting on the other.
+FLOATING = {
+    "test_losses.py", "test_losses_diagnostics.py", "test_losses_off_policy.py", "test_advantages.py", "test_loss_smoke.py",
+    "test_losses_staleness_filter.py", "test_learner_guards.py", "test_micro_batches.py", "test_staleness.py",
+    "test_vllm_update.py", "test_verification.py", "test_generation.py", "test_gpu.py", "test_intake.py",
+    "test_pass_at_k.py", "test_reward_funcs.py", "test_rewards.py", "test_tasks.py", "test_max_prompt_length.py",
+    "test_lr_schedule.py", "test_chunked_head.py", "test_weight_format.py", "test_weight_delta.py",
+    "test_version_memory_shapes.py", "test_staleness_study.py", "test_gpu_check.py",
+}
+
+
+def lane_of(path) -> str:
+    if path.name in FLOATING:
+        return f"floating:{path.name}"
+    return "waiting" if path.name in WAITING_LANE else "working"
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("waiting" if item.path.name in WAITING_LANE else "working"))
+        item.add_marker(pytest.mark.xdist_group(lane_of(item.path)))
 
 
 @pytest.fixture(autouse=True)

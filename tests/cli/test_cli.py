@@ -116,16 +116,16 @@ def peer_processes_of(run_dir) -> list:
 
 def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     run_dir = tmp_path / "demo"
-    out = run("demo", "--steps", "3", "--groups-per-step", "4", "--num-generations", "4", "--eval-problems", "20",
+    out = run("demo", "--steps", "2", "--groups-per-step", "4", "--num-generations", "4", "--eval-problems", "8",
               "--report-to", "tensorboard", "--run-dir", str(run_dir), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "before" in out.stdout and "after" in out.stdout and "version 0 -> 3" in out.stdout
+    assert "before" in out.stdout and "after" in out.stdout and "version 0 -> 2" in out.stdout
     steps = [json.loads(line) for line in (run_dir / "learner" / "steps.jsonl").read_text().splitlines()]
-    assert [int(s["version"]) for s in steps] == [1, 2, 3]
+    assert [int(s["version"]) for s in steps] == [1, 2]
     assert {p.name for p in (run_dir / "logs").iterdir()} == {"bootstrap.log", "learner.log", "sampler-0.log", "sampler-1.log"}
     # every peer got the demo's settings through swarm.yaml
     learner_config = yaml.safe_load((run_dir / "learner" / "config.yaml").read_text())
-    assert (learner_config["steps"], learner_config["groups_per_step"]) == (3, 4)
+    assert (learner_config["steps"], learner_config["groups_per_step"]) == (2, 4)
     sampler_config = yaml.safe_load((run_dir / "sampler-0" / "config.yaml").read_text())
     assert sampler_config["num_generations"] == 4
     sent = [e for e in read_jsonl(run_dir / "sampler-0" / "events.jsonl") if e["event"] == "sent"]
@@ -135,12 +135,12 @@ def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     for peer in ("learner", "sampler-0", "sampler-1"):
         assert list((run_dir / peer / "tensorboard").glob("events.out.tfevents.*")), peer
     # the final checkpoint is the policy the "after" column measured: evaluating it again gives the same numbers
-    final = run_dir / "learner" / "checkpoints" / "version-000003"
+    final = run_dir / "learner" / "checkpoints" / "version-000002"
     evals = json.loads((run_dir / "evals.json").read_text())
-    assert [e["step"] for e in evals] == [0, 3]
+    assert [e["step"] for e in evals] == [0, 2]
     # with the demo's settings: a checkpoint directory is evaluated as a real model (1,024 new tokens by
     # default), and the rows a generate call holds (its token budget), so its samples, follow that length
-    again = run("eval", "--model", str(final), "--eval-problems", "20", "--max-completion-length",
+    again = run("eval", "--model", str(final), "--eval-problems", "8", "--max-completion-length",
                 str(learner_config["max_completion_length"]), "--json")
     assert again.returncode == 0, again.stderr[-2000:]
     assert json.loads(again.stdout)["pass_at_1"] == evals[1]["pass_at_1"]
@@ -158,7 +158,7 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
     # across exec); a preexec_fn would fork this test process, which may hold gRPC channels, and
     # grpcio aborts such children (see swarm/cli/launcher.py)
     demo = subprocess.Popen(["sh", "-c", 'trap "" INT; exec "$@"', "sh", *SWARM, "demo", "--steps", "1000",
-                             "--groups-per-step", "2", "--num-generations", "2", "--eval-problems", "20",
+                             "--groups-per-step", "2", "--num-generations", "2", "--eval-problems", "2",
                              "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     steps = run_dir / "learner" / "steps.jsonl"
@@ -207,7 +207,7 @@ def test_peers_started_by_a_launcher_end_when_it_is_killed(tmp_path):
 def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):
     run_dir = tmp_path / "demo"
     out = run("demo", "--in-process", "--steps", "2", "--groups-per-step", "4", "--num-generations", "2", "--delay", "fixed:1",
-              "--eval-problems", "20", "--run-dir", str(run_dir))
+              "--eval-problems", "8", "--run-dir", str(run_dir))
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout and str(run_dir) in out.stdout
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]

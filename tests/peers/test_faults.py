@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from benchmarks.waiting import wait_until
 from swarm.cli.launcher import LocalSwarm
 from swarm.runlog import read_jsonl
+from tests.helpers.processes import kill_started, kill_tree
 
 pytestmark = pytest.mark.slow
 SAMPLER = ("--prompts-per-round", "2", "--num-generations", "4", "--progress-every-s", "1")
@@ -34,14 +34,7 @@ def wait_for(condition, timeout: float, what: str, swarm: LocalSwarm):
 def crash(proc) -> None:
     """SIGKILL a peer and everything it started (its DHT process and p2p daemon), as a machine
     failure would; these are all processes this test started."""
-    tree = psutil.Process(proc.popen.pid)
-    victims = [tree, *tree.children(recursive=True)]
-    for p in victims:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(victims, timeout=15)
+    kill_tree(proc.popen.pid)
 
 
 def free_port() -> int:
@@ -56,9 +49,7 @@ def swarm(tmp_path):
     try:
         yield local
     finally:
-        for proc in local.procs:  # a failed test may leave peers running: kill the whole trees
-            if proc.popen.poll() is None:
-                crash(proc)
+        kill_started(local)  # a failed test may leave peers running: kill the whole trees
 
 
 @pytest.mark.parametrize("transport", ["hivemind", "grpc"])
@@ -88,7 +79,7 @@ def test_sampler_killed_and_forger_banned_while_training_goes_on(swarm, tmp_path
             out, _ = bad.communicate(timeout=240)
             assert bad.returncode == 0, out
         after = len(steps_of(run_dir))
-        wait_for(lambda: len(steps_of(run_dir)) >= after + 2, 120, "two more steps after the forger", swarm)
+        wait_for(lambda: len(steps_of(run_dir)) >= after + 1, 120, "a step after the forger", swarm)
         assert swarm.stop(learner) == 0, learner.text()[-3000:]
     finally:
         for bad in (forger, liar):
@@ -118,9 +109,9 @@ def test_learner_killed_and_resumed_continues_without_going_back(swarm, tmp_path
     port = str(free_port())  # the resumed learner comes back at the same address (and peer id)
     options = ("--groups-per-step", "2", "--checkpoint-every", "2", "--port", port)
     addr = swarm.start_bootstrap()
-    learner, key = swarm.start_learner(addr, "--steps", "12", *options, run_dir=run_dir)
+    learner, key = swarm.start_learner(addr, "--steps", "8", *options, run_dir=run_dir)
     sampler = swarm.start_sampler("sampler-0", addr, key, *SAMPLER)
-    wait_for(lambda: len(steps_of(run_dir)) >= 5, 240, "five learner steps", swarm)
+    wait_for(lambda: len(steps_of(run_dir)) >= 4, 240, "four learner steps (a checkpoint at 2 is written)", swarm)
     crash(learner)
     published = json.loads((run_dir / "published.json").read_text())["version"]
     logged = len(steps_of(run_dir))  # a step published just before the kill may not be logged
@@ -131,12 +122,12 @@ def test_learner_killed_and_resumed_continues_without_going_back(swarm, tmp_path
 
     assert checkpoints and [c.path.name for c in list_checkpoints(run_dir)] == [n for n in checkpoints if not n.startswith(".tmp")]
 
-    resumed, key_again = swarm.start_learner(addr, "--steps", "12", "--resume", *options, run_dir=run_dir)
+    resumed, key_again = swarm.start_learner(addr, "--steps", "8", "--resume", *options, run_dir=run_dir)
     assert key_again == key  # same signing key: samplers keep following it
     assert resumed.popen.wait(timeout=300) == 0, resumed.text()[-3000:]
     versions = [int(s["version"]) for s in steps_of(run_dir)]
     assert versions == sorted(versions) and len(set(versions)) == len(versions), versions  # never backwards
-    assert versions[-1] == 12 and min(versions[logged:]) > published  # the resumed learner never reuses a number
+    assert versions[-1] == 8 and min(versions[logged:]) > published  # the resumed learner never reuses a number
     assert any(e["event"] == "resumed" for e in read_jsonl(run_dir / "events.jsonl"))
     assert not any(p.name.startswith(".tmp") for p in (run_dir / "checkpoints").iterdir())
     # the sampler followed the resumed learner (fetched: the learner may finish before it swaps one in)
@@ -157,7 +148,7 @@ def test_swarm_survives_bootstrap_loss_and_joins_through_a_peer(swarm, tmp_path)
     wait_for(lambda: any(e["event"] == "sent" and e["accepted"] > 0 for e in read_jsonl(late.run_dir / "events.jsonl")),
                240, "the late sampler's groups to be accepted", swarm)
     at_join = len(steps_of(run_dir))
-    wait_for(lambda: len(steps_of(run_dir)) >= at_join + 2, 120, "two more learner steps", swarm)
+    wait_for(lambda: len(steps_of(run_dir)) >= at_join + 1, 120, "a learner step after the join", swarm)
     assert swarm.stop(learner) == 0, learner.text()[-3000:]  # SIGTERM: a clean exit with a checkpoint
     versions = [int(s["version"]) for s in steps_of(run_dir)]
     assert versions == list(range(1, len(versions) + 1))

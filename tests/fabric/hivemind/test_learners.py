@@ -278,7 +278,7 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         while time.time() < deadline:
             if condition():
                 return
-            time.sleep(1.0)
+            time.sleep(0.2)
         raise AssertionError(f"{what} within {timeout_s}s\n{tail()}")
 
     def left_of(name):
@@ -340,10 +340,10 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         stranger = ready("stranger")
 
         # together: the same weights at every version both published, gradients from both
-        wait_for(lambda: (same_weights("owner", "second", 4) is not None
-                          and sum(r.get("learners") == 2.0 for r in steps("second").values()) >= 3), 400,
+        wait_for(lambda: (same_weights("owner", "second", 2) is not None
+                          and sum(r.get("learners") == 2.0 for r in steps("second").values()) >= 2), 400,
                  "two learners stepping together")
-        assert same_weights("owner", "second", 4) == []
+        assert same_weights("owner", "second", 2) == []
         assert any(r.get("learners") == 2.0 and r["groups"] > 0 for r in steps("owner").values())
 
         def sent_to():
@@ -361,7 +361,7 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         # nothing of it lingers: its DHT process, p2pd and averager process follow it
         wait_for(lambda: not left_of("second"), 20, "the killed learner's processes gone")
         killed_at = max(steps("owner"))
-        wait_for(lambda: max(steps("owner")) >= killed_at + 3, 300, "the owner stepping on after the kill")
+        wait_for(lambda: max(steps("owner")) >= killed_at + 2, 300, "the owner stepping on after the kill")
         versions = sorted(steps("owner"))
         assert versions == list(range(versions[0], versions[-1] + 1))  # every version once, in order
         assert steps("owner")[versions[-1]].get("learners", 1.0) == 1.0
@@ -375,8 +375,8 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         ready("third")
         joined = read_jsonl(tmp_path / "third" / "events.jsonl")
         assert any(e["event"] == "state_downloaded" and e["version"] > killed_at for e in joined), joined[:5]
-        wait_for(lambda: same_weights("owner", "third", 3) is not None, 300, "the late learner stepping with the owner")
-        assert same_weights("owner", "third", 3) == []
+        wait_for(lambda: same_weights("owner", "third", 2) is not None, 300, "the late learner stepping with the owner")
+        assert same_weights("owner", "third", 2) == []
         assert not (tmp_path / "stranger" / "steps.jsonl").exists() or all(
             r.get("learners", 1.0) == 1.0 for r in steps("stranger").values())  # nobody averaged with it
         for name in ("owner", "third"):

@@ -106,16 +106,19 @@ def test_upload_slots_refuse_beyond_the_limit_and_free_on_release():
     assert all(UploadSlots(None).take() for _ in range(100))
 
 
-def _sampler_error(tmp_path, swarm, key: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "swarm.cli", "sampler", "--peers", swarm.bootstrap_address, "--run-id", "why",
+def _sampler_error(tmp_path, swarm, key: str, run_id: str = "why") -> str:
+    done = subprocess.run([sys.executable, "-m", "swarm.cli", "sampler", "--peers", swarm.bootstrap_address, "--run-id", run_id,
                            "--learner-key", key, "--wait-s", "4", "--run-dir", str(tmp_path / "s"),
-                           "--identity-dir", str(tmp_path / "keys")], capture_output=True, text=True, timeout=120)
+                           "--identity-dir", str(tmp_path / "keys")], capture_output=True, text=True, timeout=240)
     assert done.returncode != 0
     return done.stdout + done.stderr
 
 
 def test_a_sampler_without_a_version_says_why(tmp_path):
-    """No learner in the run; then a learner under another key than the one given."""
+    """No learner in the run; a learner under another key than the one given. The two samplers run
+    at once, on one bootstrap: one in a run nobody learns in, one in the learner's run."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from swarm.cli.launcher import LocalSwarm
     from swarm.config.learner_keys import encode_learner_key
     from hivemind.utils.crypto import RSAPrivateKey
@@ -125,8 +128,11 @@ def test_a_sampler_without_a_version_says_why(tmp_path):
     swarm = LocalSwarm(tmp_path, run_id="why")
     try:
         swarm.bootstrap_address = swarm.start_bootstrap()
-        assert "no learner has joined run 'why'" in _sampler_error(tmp_path / "a", swarm, stranger)
         swarm.start_learner(swarm.bootstrap_address, "--checkpoint-every", "0")
-        assert "under other keys" in _sampler_error(tmp_path / "b", swarm, stranger)
+        with ThreadPoolExecutor(2) as pool:
+            empty = pool.submit(_sampler_error, tmp_path / "a", swarm, stranger, "nobody-learns")
+            other_key = pool.submit(_sampler_error, tmp_path / "b", swarm, stranger)
+            assert "no learner has joined run 'nobody-learns'" in empty.result()
+            assert "under other keys" in other_key.result()
     finally:
         swarm.stop_all()
