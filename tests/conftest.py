@@ -29,7 +29,7 @@ except ImportError:
 # Beware: pytest-xdist 3.8 marks a group by appending "@group" to the item's legacy _nodeid, which
 # pytest 9.2 no longer reads (structured node ids; pytest-dev/pytest-xdist#1386, fix in #1388). With
 # those versions every test is its own unit, handed to whichever worker is free: no lanes at all,
-# two peer-starting tests may overlap, and the wall time is about half the suite's summed time.
+# two peer-starting tests may overlap. pyproject.toml's dev extra keeps pytest below 9.2 for that.
 WAITING_LANE = {
     "test_wan.py", "test_wan_relay.py", "test_wan_harness.py", "test_across_machines.py", "test_dashboard.py",
     "test_chunks.py", "test_announcement_push.py", "test_weight_versions.py", "test_fabric.py", "test_fabric_interface.py", "test_membership.py",
