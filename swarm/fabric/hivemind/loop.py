@@ -4,11 +4,15 @@ hivemind P2P API (which is asyncio-only) with a timeout on every call."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Awaitable, TypeVar
 
 from hivemind.dht import DHT
 from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -16,6 +20,7 @@ T = TypeVar("T")
 class BackgroundLoop:
     def __init__(self, name: str = "swarm-io") -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_late_streams)
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
@@ -45,6 +50,18 @@ class BackgroundLoop:
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+
+
+def _quiet_late_streams(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """A stream that reaches a handler just removed (the daemon dispatched it a moment before a peer
+    closed its weight server or inbox, as at a learner's end of run) fails in hivemind's dispatcher
+    with DispatchFailure, which asyncio printed as two tracebacks (KeyError, then DispatchFailure).
+    Its requester sees a closed stream and asks elsewhere: that is a debug line. Anything else goes
+    to asyncio's own handler."""
+    if isinstance(context.get("exception"), DispatchFailure):
+        logger.debug("a stream reached a closed handler: %s", context["exception"])
+        return
+    loop.default_exception_handler(context)
 
 
 async def replicate_p2p(daemon_maddr):
