@@ -159,14 +159,14 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
             fn("\\boxed{1}", "1")
         except Exception:  # noqa: BLE001 - a reward that fails here fails per completion later, as before
             pass
-    outbox.send("ready")
-    while True:
-        try:
+    try:
+        outbox.send("ready")
+        while True:
             batch = inbox.recv()
-        except EOFError:  # the parent closed the pipe or died
-            return
-        for completion, answer in batch:
-            outbox.send(score_one(fns, completion, answer, timeout_s))
+            for completion, answer in batch:
+                outbox.send(score_one(fns, completion, answer, timeout_s))
+    except (EOFError, BrokenPipeError):  # the parent closed the pipes or died (a Ctrl-C): nothing left to score for
+        return
 
 
 class _Worker:

@@ -42,11 +42,11 @@ def bootstrap_command(config_file, **options):
 
     Writes RUN_DIR/ready.json (its addresses) and a status record to RUN_DIR/events.jsonl every
     --status-every-s seconds."""
-    from bootstrap.node import run_bootstrap  # torch (through swarm.fabric.transports): not at `swarm --help`
-
     config = config_from_options("bootstrap", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from bootstrap.node import run_bootstrap  # torch (through swarm.fabric.transports): not at `swarm --help`
     with user_errors(*_join_failures()):
-        check_config_ports(config)  # at once, naming the option (p2pd and gRPC would share a taken port)
         run_bootstrap(config, echo=click.echo)
 
 
@@ -58,13 +58,13 @@ def learner_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     resolved configuration is written to the run directory as config.yaml, beside ready.json
     (peer id, addresses, learner key), steps.jsonl and events.jsonl."""
-    from peers.learner import run_learner  # torch: not at `swarm --help`
-
     config = config_from_options("learner", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from peers.learner import run_learner  # torch: not at `swarm --help`
     if config.run_dir is None:
         config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
     with user_errors(*_join_failures()):
-        check_config_ports(config)  # at once, naming the option, not after a join timeout
         result = run_learner(config, echo=click.echo, progress=_progress())
     click.echo(f"learner stopped at version {result['version']} ({result['used']} groups used, dropped {result['dropped']}, "
                f"refused on receipt {result['refused'] or 'none'}, banned {result['banned'] or 'none'}); run directory {result['run_dir']}")
@@ -78,11 +78,11 @@ def sampler_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     run directory gets config.yaml, ready.json and events.jsonl (versions fetched, groups sent
     and refused, throughput)."""
-    from peers.sampler import run_sampler  # torch: not at `swarm --help`
-
     config = config_from_options("sampler", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from peers.sampler import run_sampler  # torch: not at `swarm --help`
     with user_errors(*_join_failures()):
-        check_config_ports(config)  # at once, naming the option, not after a join timeout
         result = run_sampler(config, echo=click.echo, progress=_progress())
     ended = "" if result["run_ended_at"] is None else f"the run ended at version {result['run_ended_at']}; "
     click.echo(f"sampler stopped: {ended}{result['sent']} groups accepted over {result['rounds']} rounds, at version "

@@ -21,11 +21,17 @@ class BackgroundLoop:
     def __init__(self, name: str = "swarm-io") -> None:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(_quiet_late_streams)
+        self.stopped = False
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
     def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
-        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds)."""
+        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds;
+        RuntimeError at once when the loop has stopped: nothing would ever run it)."""
+        if self.stopped:  # by a close before this one (a second close, a teardown)
+            if asyncio.iscoroutine(coro):
+                coro.close()  # never to run: closed here rather than warned about ("never awaited") at exit
+            raise RuntimeError("the event loop has stopped")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
@@ -36,6 +42,7 @@ class BackgroundLoop:
     def stop(self) -> None:
         """Cancel what is still running (open streams close through their own `finally`), then stop."""
         if not self.loop.is_running():
+            self.stopped = True
             return
 
         async def cancel_all() -> None:
@@ -48,6 +55,7 @@ class BackgroundLoop:
             asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
         except Exception:  # noqa: BLE001  a task that will not die must not block shutdown
             pass
+        self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
 
