@@ -254,7 +254,8 @@ class Sampler(Peer):
             self.refusals.count([{"ok": False, "reason": "learner unreachable"}] * len(groups))
             self.events.event("sent", learner=learner, version=self.current, groups=len(groups), accepted=0,
                               refused={"learner unreachable": len(groups)}, tokens=tokens)
-            self.say(f"learner {learner} unreachable ({type(exc).__name__}); retrying")
+            if not self.follower.ended:  # a learner that ended its run is not coming back: no retry to announce
+                self.say(f"learner {learner} unreachable ({type(exc).__name__}); retrying")
             self.stop_event.wait(2.0)
             return False
         accepted = sum(bool(a.get("ok")) for a in acks)

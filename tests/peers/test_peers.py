@@ -65,8 +65,9 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         deadline = time.time() + 30
         while time.time() < deadline and not any(e["event"] == "version_used" and e["version"] >= 1 for e in read_jsonl(events)):
             time.sleep(0.3)
-        procs[2].send_signal(signal.SIGTERM)  # a sampler runs until stopped
+        # the learner announced the end of its run: the sampler leaves on its own (it used to run until stopped)
         assert procs[2].wait(timeout=60) == 0, (tmp_path / "peers.log").read_text()[-3000:]
+        assert "the learner ended the run at version 6; stopping" in (tmp_path / "peers.log").read_text()
 
         steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
         assert [int(s["version"]) for s in steps] == [1, 2, 3, 4, 5, 6]
