@@ -140,6 +140,7 @@ class Learner(Peer):
         self.progress = progress or LineProgress(echo)
         self.team: LearnerTeam | None = None
         self.dashboard = self.pulse = None  # no pulse yet: the first version is announced in the caller's thread
+        self.ended = False  # set once the last step is trained: announcements then say the run has ended
         self.publisher: Publisher | None = None
         self.checked_version: int | None = None  # the newest version found finite (handed to the publisher)
         self.started = False  # whether the training loop began: only a run that started records its stop
@@ -324,6 +325,8 @@ class Learner(Peer):
             while self.core.version < self.config.steps and not self.stopping:
                 self.step()
             self.publisher.wait()  # the last version trained is published too
+            if self.core.version >= self.config.steps:
+                self._announce_end()  # before the checkpoint: samplers stop generating for nobody at once
             self.checkpoint()  # at exit, also on Ctrl-C / SIGTERM
         except Exception as exc:
             # progress since the last checkpoint is not lost to a crash: save what is sound, then fail
@@ -488,7 +491,7 @@ class Learner(Peer):
             version = store.latest
             digest, holds, recent = store.hashes[version], tuple(store.states), dict(store.hashes)
         chunks = store.chunk_specs(version, quick=True)
-        fabric.announce(version, digest, self.sampling, recent, chunks, self.sharers.announced(version, chunks))
+        fabric.announce(version, digest, self.sampling, recent, chunks, self.sharers.announced(version, chunks), ended=self.ended)
         fabric.heartbeat(Heartbeat(role="learner", model=self.config.model, model_hash=digest[:16], version=version,
                                    rollouts=self.totals["used"], tokens_per_s=self.totals["tokens_per_s"], holds=holds,
                                    certificate=getattr(fabric, "certificate", ""), heartbeat_s=fabric.heartbeat_s,
@@ -499,6 +502,22 @@ class Learner(Peer):
         if self.pulse is not None and store.snapshot_due(version):
             store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
             self.pulse.poke()
+
+    def _announce_end(self) -> None:
+        """The run is over (its last step is trained and published): announce the last version once
+        more, marked as the run's end and signed like every announcement, so that samplers leave
+        rather than retry a learner that is gone. (A stop by Ctrl-C or SIGTERM is not an end: the
+        learner may be resumed, and its samplers wait for it.)"""
+        self.pulse.close()  # no beat of its own in between: the last word is the end
+        self.ended = True
+        try:
+            self.heartbeat()
+        except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: the run has ended all the same
+            self.echo(f"warning: could not announce the end of the run ({type(exc).__name__}: {exc}); its samplers keep "
+                      "retrying until they are stopped")
+            return
+        self.events.event("run_ended", version=self.core.version)
+        self.echo(f"run ended at version {self.core.version}: announced to the samplers, which now stop")
 
     def master_hash(self) -> str:
         """The hash of the float32 weights a checkpoint holds (what --resume checks them against);

@@ -83,6 +83,7 @@ class Sampler(Peer):
         self.current: int | None = None  # the version it generates with
         self.sent = self.done = self.tokens_total = 0  # groups accepted, rounds, tokens generated
         self.refused: Counter = Counter()
+        self.ended_at: int | None = None  # the version at which the learner announced the end of the run
 
     def say(self, message: str) -> None:
         self.echo(f"{self.sampler_id}: {message}")
@@ -177,6 +178,11 @@ class Sampler(Peer):
         config = self.config
         self.started_at = self.last_progress = time.time()
         while not self.stopping and (config.rounds is None or self.done < config.rounds):
+            if self.follower.ended:  # signed by the run's learner key, as versions are
+                self.ended_at = self.follower.newest
+                self.events.event("run_ended", version=self.ended_at)
+                self.say(f"the learner ended the run at version {self.ended_at}; stopping")
+                break
             self.step()
         self.events.event("stopped", **self.result())
 
@@ -248,7 +254,8 @@ class Sampler(Peer):
             self.refusals.count([{"ok": False, "reason": "learner unreachable"}] * len(groups))
             self.events.event("sent", learner=learner, version=self.current, groups=len(groups), accepted=0,
                               refused={"learner unreachable": len(groups)}, tokens=tokens)
-            self.say(f"learner {learner} unreachable ({type(exc).__name__}); retrying")
+            if not self.follower.ended:  # a learner that ended its run is not coming back: no retry to announce
+                self.say(f"learner {learner} unreachable ({type(exc).__name__}); retrying")
             self.stop_event.wait(2.0)
             return False
         accepted = sum(bool(a.get("ok")) for a in acks)
@@ -280,7 +287,7 @@ class Sampler(Peer):
     def result(self) -> dict:
         """What `run_sampler` returns and the `stopped` event records."""
         return {"sent": self.sent, "rounds": self.done, "version": self.current, "refused": dict(self.refused),
-                "run_dir": str(self.run_dir)}
+                "run_dir": str(self.run_dir), "run_ended_at": self.ended_at}
 
 
 def run_sampler(config: SamplerConfig, *, echo=print, stop: threading.Event | None = None, progress=None) -> dict:

@@ -143,6 +143,9 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
     per completion, as it goes. Only its parent talks to it, over inherited pipes."""
     from multiprocessing.connection import Connection
 
+    # Ctrl-C in a terminal signals the whole process group, this worker too: its parent decides when
+    # it ends (it closes the pipe, or kills it), and a KeyboardInterrupt here only printed a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     rewards, timeout_s = inbox.recv()
     fns = [(resolve_reward(name), weight) for name, weight in rewards]
@@ -156,14 +159,14 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
             fn("\\boxed{1}", "1")
         except Exception:  # noqa: BLE001 - a reward that fails here fails per completion later, as before
             pass
-    outbox.send("ready")
-    while True:
-        try:
+    try:
+        outbox.send("ready")
+        while True:
             batch = inbox.recv()
-        except EOFError:  # the parent closed the pipe or died
-            return
-        for completion, answer in batch:
-            outbox.send(score_one(fns, completion, answer, timeout_s))
+            for completion, answer in batch:
+                outbox.send(score_one(fns, completion, answer, timeout_s))
+    except (EOFError, BrokenPipeError):  # the parent closed the pipes or died (a Ctrl-C): nothing left to score for
+        return
 
 
 class _Worker:

@@ -16,6 +16,7 @@ from swarm.config import TRANSPORTS, default_of
 from swarm.config.learner_keys import decode_learner_key
 from swarm.config.settings import DashboardSettings
 from swarm.dashboard import LiveDashboard
+from swarm.ports import check_port_free
 from swarm.signals import install_stop_signals
 
 
@@ -44,6 +45,8 @@ def dashboard_command(peers, run_id, transport, insecure, learner_keys, run_dirs
     and how fast each version reached each sampler. Read-only; Ctrl-C stops it."""
     with user_errors(ValueError):  # a bad --learner-key is a usage error
         keys = [decode_learner_key(k) for k in (*learner_keys, *_learner_key_files(run_dirs))]
+    with user_errors(OSError):
+        check_port_free(host, port, "--port")  # at once, before joining the swarm to observe it
     stop = threading.Event()
     install_stop_signals(stop)
     with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:

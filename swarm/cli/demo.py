@@ -10,6 +10,7 @@ swarm's peers get theirs through one config file written to the run directory (s
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings,
 from swarm.config.settings import ReportSettings
 from swarm.progress import progress_for
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
+from swarm.signals import stopped_by
 
 # What the demo's samplers are told beyond the shared settings, and how often they report.
 SAMPLER_SETTINGS = ("num_generations", "prompts_per_round", "pickup_delay")
@@ -73,7 +75,10 @@ def _view(config: DemoConfig, steps: list[dict], swarm, started: float):
 
 
 def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
-    """Start the swarm, show it train until the learner reaches `steps`, stop everything, evaluate."""
+    """Start the swarm, show it train until the learner reaches `steps`, stop everything, evaluate.
+    Ctrl-C stops the swarm early: what the learner trained so far is evaluated all the same (its
+    checkpoint on the way out) and the result says `interrupted`; a second Ctrl-C, or SIGTERM,
+    skips that (KeyboardInterrupt)."""
     import yaml
     from rich.live import Live
 
@@ -86,7 +91,7 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
     settings = run_dir / "swarm.yaml"
     settings.write_text(yaml.safe_dump(peer_settings(config), sort_keys=False))
     swarm = LocalSwarm(run_dir, transport=config.transport)
-    started = time.time()
+    started, interrupted, learner = time.time(), False, None
     try:
         peers = swarm.start_bootstrap()
         learner, key = swarm.start_learner(peers, "--config", str(settings))
@@ -105,11 +110,21 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
         console.print()
         if learner.popen.returncode != 0:
             raise RuntimeError(f"the learner exited with status {learner.popen.returncode}; see {learner.log}")
+    except KeyboardInterrupt:  # Ctrl-C (or SIGTERM): stop the swarm; after a Ctrl-C, evaluate what it trained
+        if stopped_by() != signal.SIGINT or learner is None:
+            swarm.stop_all()
+            raise
+        interrupted = True
+        console.print("\nCtrl-C: stopping the swarm (the learner saves a checkpoint), then evaluating it; "
+                      "Ctrl-C again skips the evaluation")
     finally:
         swarm.stop_all()
     trained_seconds = time.time() - started
     final = latest_checkpoint(learner.run_dir)
     if final is None:
+        if interrupted:
+            console.print(f"nothing to evaluate: the learner left no checkpoint in {learner.run_dir}")
+            raise KeyboardInterrupt
         raise RuntimeError(f"the learner left no checkpoint in {learner.run_dir}; see {run_dir / 'logs'}")
     console.print(f"accuracy of version {final.version} ({final.path}) ...")
     after = _eval(str(final.path), config)
@@ -119,7 +134,7 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
     (run_dir / "evals.json").write_text(json.dumps(evals, indent=2))
     plot = plot_run(history, evals, run_dir / "training.png", f"swarm demo: {config.loss.name}, {config.samplers} samplers")
     return {"before": before, "after": after, "version": final.version, "checkpoint": str(final.path), "plot": str(plot),
-            "seconds": trained_seconds}
+            "seconds": trained_seconds, "interrupted": interrupted}
 
 
 def print_result(console, config: DemoConfig, before: dict, after: dict, version: int, run_dir: Path, files: str) -> None:

@@ -139,9 +139,18 @@ class LocalSwarm:
 
 def stop_together(procs: list[Proc], timeout: float) -> None:
     """SIGTERM to each of `procs` still running, one shared wait of `timeout` seconds, then SIGKILL
-    to what is left. A peer is its whole process group (each is spawned in its own session): its DHT
-    process and p2p daemon exit after it, so they are waited for too, and killed if they outlive the wait."""
+    to what is left. A peer is its whole process group (each is spawned in its own session) and its
+    descendants (its DHT process and p2p daemon, which leave the group so that a Ctrl-C reaches the
+    peer alone): they exit after it, so they are waited for too, and killed if they outlive the wait."""
+    import psutil
+
     running = [p for p in procs if p.popen.poll() is None]
+    descendants = []
+    for proc in running:
+        try:
+            descendants += psutil.Process(proc.popen.pid).children(recursive=True)
+        except psutil.Error:
+            pass
     for proc in running:
         proc.popen.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -153,6 +162,13 @@ def stop_together(procs: list[Proc], timeout: float) -> None:
             proc.popen.wait(timeout=10)
     for proc in running:
         _stop_group(proc.popen.pid, deadline)
+    _, left = psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
 
 
 def _stop_group(pgid: int, deadline: float) -> None:

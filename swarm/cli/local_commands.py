@@ -12,11 +12,13 @@ from pathlib import Path
 import click
 
 from swarm.cli.demo import print_result, run_in_process_demo, run_swarm_demo
+from swarm.cli.consoles import stdout_console
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
 from swarm.cli.plots import plot_steps
 from swarm.config import DemoConfig, EvalConfig
 from swarm.progress import progress_for
 from swarm.runlog import STEPS_FILE, read_jsonl
+from swarm.signals import note_signal
 
 
 @click.command("eval", cls=GroupedCommand)
@@ -43,7 +45,6 @@ def eval_command(config_file, as_json, **options):
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{result.model} on {result.task} ({result.split})")
@@ -58,7 +59,7 @@ def eval_command(config_file, as_json, **options):
     table.add_row("unscorable completions", str(result.unscorable))
     table.add_row("completion tokens", str(result.completion_tokens))
     table.add_row("seconds", f"{result.seconds:.1f}")
-    console = Console()
+    console = stdout_console()
     for i, shown in enumerate(result.shown, start=1):  # model text: printed as text, never as rich markup
         reward = "unscorable" if shown["reward"] is None else f"{shown['reward']:g}"
         console.print(f"--- completion {i} of {len(result.shown)}: {shown['problem_id']}, gold answer "
@@ -92,9 +93,12 @@ def demo_command(config_file, **options):
             with user_errors(RuntimeError):
                 result = run_swarm_demo(config, run_dir, console=Console(stderr=True))
         except KeyboardInterrupt:
-            raise click.ClickException(f"interrupted; all demo processes were stopped. Logs: {run_dir / 'logs'}") from None
+            click.echo(f"all demo processes were stopped; logs in {run_dir / 'logs'}", err=True)
+            raise
         files = "swarm.yaml, learner/steps.jsonl, learner/checkpoints, sampler-*/events.jsonl, logs/, evals.json, plot training.png"
-    print_result(Console(), config, result["before"], result["after"], result["version"], run_dir, files)
+    print_result(stdout_console(), config, result["before"], result["after"], result["version"], run_dir, files)
+    if result.get("interrupted"):
+        raise KeyboardInterrupt  # evaluated after a Ctrl-C: still a Ctrl-C's exit (130)
 
 
 def _interrupt_on(*signals: int) -> None:
@@ -103,6 +107,7 @@ def _interrupt_on(*signals: int) -> None:
     the demo without stopping its peers, which run in their own sessions."""
 
     def interrupt(signum, frame):
+        note_signal(signum)  # which one: only a Ctrl-C evaluates what the swarm trained
         raise KeyboardInterrupt
 
     for sig in signals:

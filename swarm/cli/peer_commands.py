@@ -12,10 +12,12 @@ from typing import Iterator
 
 import click
 
+from swarm.cli.consoles import stdout_console
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
 from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings, default_of
 from swarm.dashboard.live import status_rows as rows_of
 from swarm.health import status_flags, swarm_args
+from swarm.ports import check_config_ports
 from swarm.progress import progress_for
 
 
@@ -40,9 +42,10 @@ def bootstrap_command(config_file, **options):
 
     Writes RUN_DIR/ready.json (its addresses) and a status record to RUN_DIR/events.jsonl every
     --status-every-s seconds."""
-    from bootstrap.node import run_bootstrap  # torch (through swarm.fabric.transports): not at `swarm --help`
-
     config = config_from_options("bootstrap", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from bootstrap.node import run_bootstrap  # torch (through swarm.fabric.transports): not at `swarm --help`
     with user_errors(*_join_failures()):
         run_bootstrap(config, echo=click.echo)
 
@@ -55,9 +58,10 @@ def learner_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     resolved configuration is written to the run directory as config.yaml, beside ready.json
     (peer id, addresses, learner key), steps.jsonl and events.jsonl."""
-    from peers.learner import run_learner  # torch: not at `swarm --help`
-
     config = config_from_options("learner", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from peers.learner import run_learner  # torch: not at `swarm --help`
     if config.run_dir is None:
         config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
     with user_errors(*_join_failures()):
@@ -74,12 +78,14 @@ def sampler_command(config_file, **options):
     Settings come from the options below, over a config file (--config), over the defaults; the
     run directory gets config.yaml, ready.json and events.jsonl (versions fetched, groups sent
     and refused, throughput)."""
-    from peers.sampler import run_sampler  # torch: not at `swarm --help`
-
     config = config_from_options("sampler", config_file, options)
+    with user_errors(OSError):
+        check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+    from peers.sampler import run_sampler  # torch: not at `swarm --help`
     with user_errors(*_join_failures()):
         result = run_sampler(config, echo=click.echo, progress=_progress())
-    click.echo(f"sampler stopped: {result['sent']} groups accepted over {result['rounds']} rounds, at version "
+    ended = "" if result["run_ended_at"] is None else f"the run ended at version {result['run_ended_at']}; "
+    click.echo(f"sampler stopped: {ended}{result['sent']} groups accepted over {result['rounds']} rounds, at version "
                f"{result['version']}; refused by the learner: {result['refused'] or 'none'}; run directory {result['run_dir']}")
 
 
@@ -112,26 +118,23 @@ def status_command(peers, run_id, transport, insecure, learner_keys, learner_key
     with user_errors():
         keys = _run_keys(learner_keys, learner_key_file)
     with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
-        try:
-            while True:
-                now, members = observer.now(), _members_and_learners(observer, keys)
-                learner_version = _announced_version(observer, keys)
-                _, rows = status_rows(now, members, learner_version)
-                flags = status_flags(now, members, learner_version, args=swarm_args(peers, run_id, transport))
-                if as_json:
-                    click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
-                                           "flags": flags}))
-                else:
-                    _print_status(run_id, learner_version, rows)
-                    if not keys:
-                        click.echo("(no learner version: pass --learner-key, or --learner-key-file RUN_DIR/learner.key, "
-                                   "to read the version the run's learner announced)")
-                    _print_flags(flags)
-                if not watch:
-                    break
-                time.sleep(watch)
-        except KeyboardInterrupt:
-            pass
+        while True:
+            now, members = observer.now(), _members_and_learners(observer, keys)
+            learner_version = _announced_version(observer, keys)
+            _, rows = status_rows(now, members, learner_version)
+            flags = status_flags(now, members, learner_version, args=swarm_args(peers, run_id, transport))
+            if as_json:
+                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
+                                       "flags": flags}))
+            else:
+                _print_status(run_id, learner_version, rows)
+                if not keys:
+                    click.echo("(no learner version: pass --learner-key, or --learner-key-file RUN_DIR/learner.key, "
+                               "to read the version the run's learner announced)")
+                _print_flags(flags)
+            if not watch:
+                break
+            time.sleep(watch)
 
 
 def _run_keys(learner_keys, learner_key_file) -> list[bytes]:
@@ -172,9 +175,7 @@ def _announced_version(observer, keys: list[bytes]) -> int | None:
 
 
 def _print_flags(flags: list[dict]) -> None:
-    from rich.console import Console
-
-    console = Console()
+    console = stdout_console()
     if not flags:
         console.print("nothing looks wrong")
     for flag in flags:  # the messages quote peers' own records: printed as text, never as markup
@@ -205,7 +206,6 @@ def status_rows(now: float, members: list, learner_version: int | None) -> tuple
 
 
 def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -220,4 +220,4 @@ def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
                       str(r["tokens_per_s"]), f"{r['last_heartbeat_s']}s ago",
                       "-" if fetch is None else f"v{fetch['version']} from {escape(fetch['source'][-12:])}: "
                                                 f"{fetch['bytes'] / 1e6:.2f} MB in {fetch['seconds']:.2f}s")
-    Console().print(table)
+    stdout_console().print(table)

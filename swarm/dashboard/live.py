@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -20,6 +21,7 @@ from swarm.dashboard.poller import Poller
 from swarm.dashboard.runs import RunDirs
 from swarm.dashboard.server import DashboardServer
 from swarm.dashboard.state import Reading, SwarmView, announcement_fields
+from swarm.ports import PortTaken
 
 NO_KEY = "none: no learner key given, so no version is shown (any peer can call itself a learner; pass --learner-key)"
 
@@ -105,7 +107,12 @@ def peer_dashboard(config, observer, *, run_dir: Path, learner_keys: Sequence[by
     config's)."""
     if config.dashboard_port is None:
         return None
-    return LiveDashboard(observer, run_id=config.run_id, transport=config.transport,
-                         peers=config.peers if peers is None else peers, host=config.dashboard_host,
-                         port=config.dashboard_port, learner_keys=learner_keys, announcements_from=announcements_from,
-                         run_dirs=[Path(run_dir)], poll_s=config.dashboard_poll_s)
+    try:
+        return LiveDashboard(observer, run_id=config.run_id, transport=config.transport,
+                             peers=config.peers if peers is None else peers, host=config.dashboard_host,
+                             port=config.dashboard_port, learner_keys=learner_keys, announcements_from=announcements_from,
+                             run_dirs=[Path(run_dir)], poll_s=config.dashboard_poll_s)
+    except OSError as exc:  # taken since the command checked it: said as that check says it
+        if exc.errno == errno.EADDRINUSE:
+            raise PortTaken("--dashboard-port", config.dashboard_host, config.dashboard_port) from None
+        raise

@@ -101,12 +101,13 @@ class Fabric(Protocol):
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
-                 sharers: Sequence[str] = ()) -> bool:
+                 sharers: Sequence[str] = (), ended: bool = False) -> bool:
         """Announce a published version, the run's sampling settings, the hashes of the versions
         just before it (`recent`, version -> hash), how its payloads are chunked (`chunks`:
         VersionStore.chunk_specs) and who fetches its delta in chunks (`sharers`:
         chunked_fetch.SharerView), under this peer's signing key. The named sharers are also sent
-        it directly, once per version (announcement_push), so they start without a poll."""
+        it directly, once per version (announcement_push), so they start without a poll. `ended`:
+        this version is the run's last (the learner trained its last step); samplers then leave."""
 
     def latest_announced(self, learner_keys: Iterable[bytes]) -> Announced | None:
         """The newest announcement signed by one of `learner_keys` (all others are ignored)."""

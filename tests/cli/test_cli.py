@@ -169,10 +169,15 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
         assert demo.poll() is None, demo.stderr.read()[-3000:]
         assert len(peer_processes_of(run_dir)) >= 4
         demo.send_signal(signal.SIGINT)
-        _, err = demo.communicate(timeout=120)
-        assert demo.returncode == 1 and "interrupted; all demo processes were stopped" in err, err[-3000:]
+        out, err = demo.communicate(timeout=240)
+        # stopped, then what the learner trained evaluated all the same (README: "evaluates after Ctrl-C"); Ctrl-C's status
+        assert demo.returncode == 130 and err.rstrip().endswith("stopped by Ctrl-C"), err[-3000:]
+        assert "Traceback" not in err and "held-out accuracy" in out, out[-2000:] + err[-3000:]
         assert peer_processes_of(run_dir) == []
-        assert list((run_dir / "learner" / "checkpoints").glob("version-*"))  # the learner saved on its way out
+        saved = list((run_dir / "learner" / "checkpoints").glob("version-*"))  # the learner saved on its way out
+        assert saved
+        evals = json.loads((run_dir / "evals.json").read_text())
+        assert [e["step"] for e in evals] == [0, int(max(saved).name.split("-")[1])]
     finally:  # on failure, the demo and the peers this test started
         if demo.poll() is None:
             demo.kill()

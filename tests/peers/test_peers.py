@@ -65,8 +65,9 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
         deadline = time.time() + 30
         while time.time() < deadline and not any(e["event"] == "version_used" and e["version"] >= 1 for e in read_jsonl(events)):
             time.sleep(0.3)
-        procs[2].send_signal(signal.SIGTERM)  # a sampler runs until stopped
+        # the learner announced the end of its run: the sampler leaves on its own (it used to run until stopped)
         assert procs[2].wait(timeout=60) == 0, (tmp_path / "peers.log").read_text()[-3000:]
+        assert "the learner ended the run at version 6; stopping" in (tmp_path / "peers.log").read_text()
 
         steps = read_jsonl(tmp_path / "run" / "steps.jsonl")
         assert [int(s["version"]) for s in steps] == [1, 2, 3, 4, 5, 6]
@@ -118,9 +119,9 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
         (["learner", "--peers", DEAD, "--transport", "grpc"], "with --transport grpc pass the registry's HOST:PORT", 2),
         (["status", "--peers", "127.0.0.1:9", "--transport", "grpc"], "could not join the swarm through the registry", 1),
         (["bootstrap", "--host", "localhost"], "'localhost' is not an IP address to listen on", 2),
-        (["bootstrap", "--host", "127.0.0.1", "--port", "{busy}"], "Is the port in use?", 1),
-        (["bootstrap", "--transport", "grpc", "--host", "127.0.0.1", "--port", "{busy}"], "is the port in use?", 1),
-        (["learner", "--peers", "{registry}", "--transport", "grpc", "--port", "{busy}"], "is the port in use?", 1),
+        (["bootstrap", "--host", "127.0.0.1", "--port", "{busy}"], "the port is taken on 127.0.0.1", 1),
+        (["bootstrap", "--transport", "grpc", "--host", "127.0.0.1", "--port", "{busy}"], "the port is taken on 127.0.0.1", 1),
+        (["learner", "--peers", "{registry}", "--transport", "grpc", "--port", "{busy}"], "--port {busy}: the port is taken on 0.0.0.0", 1),
         (["learner", "--peers", DEAD, "--run-dir", "{file}"], "is a file, not a directory", 2),
         (["sampler", "--peers", DEAD, "--learner-key-file", "missing.key"], "--learner-key-file missing.key", 2),
         (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--backend", "vllm"],
@@ -155,7 +156,7 @@ def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
         if registry is not None:
             registry.shutdown()
     assert out.returncode == status, out.stderr[-2000:]
-    assert message in out.stderr, out.stderr[-2000:]
+    assert message.replace("{busy}", names["{busy}"]) in out.stderr, out.stderr[-2000:]
     if "could not join" in message:  # port 9 refuses connections: said at once, not after the transport's retries
         assert "connection refused" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr

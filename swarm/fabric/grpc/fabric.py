@@ -189,10 +189,10 @@ class GrpcFabric:
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
-                 sharers: Sequence[str] = ()) -> bool:
+                 sharers: Sequence[str] = (), ended: bool = False) -> bool:
 
         announcement = VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, time.time(), sampling, recent,
-                                              chunks, sharers=sharers)
+                                              chunks, sharers=sharers, ended=ended)
         self.pusher.push(announcement)  # the named sharers hear of it first, while the registry stores it
         reply = self._call("Announce", {"run_id": self.run_id, **signed_value(self.signing_key, announcement.dict())})
         return bool(reply.get("ok"))

@@ -90,9 +90,18 @@ def exit_with_parent(parent_pid: int) -> None:
 
 
 class DHTWithParent(hivemind.DHT):
-    """A hivemind DHT whose process (and p2pd) ends when the peer that started it does."""
+    """A hivemind DHT whose process (and p2pd) ends when the peer that started it does, and only
+    then: it leaves the peer's process group, so that a Ctrl-C in the terminal (which signals the
+    whole foreground group) reaches the peer alone. p2pd used to take that SIGINT itself and shut down
+    under the peer while it was still leaving the swarm ("[ERROR] ... use of closed network
+    connection", then "DHT did not shut down within the grace period"). The peer stops them in
+    order; `exit_with_parent` still ends them if it dies."""
 
     def run(self) -> None:
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # not permitted (a session leader): the Ctrl-C reaches p2pd as before
+            pass
         exit_with_parent(self._parent_pid)
         super().run()
 

@@ -93,10 +93,10 @@ class HivemindFabric:
 
     def announce(self, version: int, digest: str, sampling: RunSampling = RunSampling(),
                  recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
-                 sharers: Sequence[str] = ()) -> bool:
+                 sharers: Sequence[str] = (), ended: bool = False) -> bool:
 
         announcement = VersionAnnouncement.of(self.run_id, version, digest, self.peer_id, self.now(), sampling, recent,
-                                              chunks, self.certificate, sharers)
+                                              chunks, self.certificate, sharers, ended)
         if self.pusher is not None:
             self.pusher.push(announcement)  # the named sharers hear of it first, while the DHT stores it
         return store_announcement(self.dht, self.public_key, announcement)

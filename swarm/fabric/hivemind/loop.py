@@ -4,11 +4,15 @@ hivemind P2P API (which is asyncio-only) with a timeout on every call."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Awaitable, TypeVar
 
 from hivemind.dht import DHT
 from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -16,11 +20,18 @@ T = TypeVar("T")
 class BackgroundLoop:
     def __init__(self, name: str = "swarm-io") -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_late_streams)
+        self.stopped = False
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
     def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
-        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds)."""
+        """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds;
+        RuntimeError at once when the loop has stopped: nothing would ever run it)."""
+        if self.stopped:  # by a close before this one (a second close, a teardown)
+            if asyncio.iscoroutine(coro):
+                coro.close()  # never to run: closed here rather than warned about ("never awaited") at exit
+            raise RuntimeError("the event loop has stopped")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
@@ -31,6 +42,7 @@ class BackgroundLoop:
     def stop(self) -> None:
         """Cancel what is still running (open streams close through their own `finally`), then stop."""
         if not self.loop.is_running():
+            self.stopped = True
             return
 
         async def cancel_all() -> None:
@@ -43,8 +55,21 @@ class BackgroundLoop:
             asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
         except Exception:  # noqa: BLE001  a task that will not die must not block shutdown
             pass
+        self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+
+
+def _quiet_late_streams(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """A stream that reaches a handler just removed (the daemon dispatched it a moment before a peer
+    closed its weight server or inbox, as at a learner's end of run) fails in hivemind's dispatcher
+    with DispatchFailure, which asyncio printed as two tracebacks (KeyError, then DispatchFailure).
+    Its requester sees a closed stream and asks elsewhere: that is a debug line. Anything else goes
+    to asyncio's own handler."""
+    if isinstance(context.get("exception"), DispatchFailure):
+        logger.debug("a stream reached a closed handler: %s", context["exception"])
+        return
+    loop.default_exception_handler(context)
 
 
 async def replicate_p2p(daemon_maddr):

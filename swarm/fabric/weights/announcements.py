@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from pydantic.v1 import BaseModel, StrictFloat, confloat, conint, conlist, constr
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, confloat, conint, conlist, constr
 
 from swarm.config import GenerationSettings, default_of
 from swarm.fabric.membership.authority import MAX_CERTIFICATE_CHARS, authorises
@@ -65,12 +65,16 @@ class VersionAnnouncement(BaseModel):
     # deals the stripes out among the same peers, or makes the same chain, and none has to look
     # the members up before it starts
     sharers: conlist(constr(min_length=1, max_length=128, strict=True), max_items=MAX_ANNOUNCED_SHARERS) = []
+    # the learner trained its last step: this version is the run's last and samplers may leave. Only
+    # ever read from an announcement signed under the run's keys, like the version itself (a sampler
+    # trusts no one else's "run ended"); peers that predate the field ignore it
+    ended: StrictBool = False
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
            recent: Mapping[int, str] = {}, chunks: Sequence[ChunkSpec] = (),  # noqa: B006
-           certificate: str = "", sharers: Sequence[str] = ()) -> "VersionAnnouncement":
-        return cls(certificate=certificate, sharers=list(dict.fromkeys(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id,
+           certificate: str = "", sharers: Sequence[str] = (), ended: bool = False) -> "VersionAnnouncement":
+        return cls(certificate=certificate, sharers=list(dict.fromkeys(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id, ended=ended,
                    version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
                    max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
@@ -113,6 +117,7 @@ class Announced:
     chunks: dict[str, ChunkSpec] = field(default_factory=dict)  # kind -> how its payloads are chunked
     peers: tuple[str, ...] = ()  # every authorised learner announcing this version and hash (peer ids)
     sharers: tuple[str, ...] = ()  # who fetches its delta in chunks, by the learner (VersionAnnouncement.sharers)
+    ended: bool = False  # the run's last version: its learner finished the run (VersionAnnouncement.ended)
 
 
 def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterable[bytes], run_id: str) -> Announced | None:
@@ -141,4 +146,4 @@ def newest_authorised(items: Iterable[tuple[bytes, dict]], learner_keys: Iterabl
     best = max(valid, key=lambda item: (item[1].version, item[0] in allowed, -item[1].time))[1]
     peers = tuple(sorted({ann.peer_id for _, ann in valid if ann.version == best.version and ann.hash == best.hash}))
     return Announced(best.version, best.hash, best.peer_id, best.sampling, best.recent_hashes, best.chunk_specs, peers,
-                     tuple(best.sharers))
+                     tuple(best.sharers), best.ended)

@@ -168,6 +168,7 @@ class VersionFollower:
         self.learner_peer: str | None = None  # the peer that announced it
         self.learner_peers: tuple[str, ...] = ()  # every learner announcing it: where rollouts may go
         self.sampling = None  # the run's sampling settings (RunSampling), as last announced
+        self.ended = False  # the newest announcement says the run has ended (its learner trained its last step)
         self.last_error: str | None = None  # why the last fetch failed (None after a success)
         self.stop = threading.Event()
         self._wake = threading.Event()  # set by `nudge`: look at the announcements now, not at the next poll
@@ -375,6 +376,7 @@ class VersionFollower:
                 ann = None
             if ann is not None:
                 self.newest, self.learner_peer, self.sampling = ann.version, ann.peer_id, ann.sampling
+                self.ended = ann.ended
                 peers = ann.peers or (ann.peer_id,)
                 # a push names only the learner that sent it: any other learner announcing the version
                 # stays where rollouts may go until the next look (right after the fetch)
