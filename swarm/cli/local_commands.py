@@ -73,9 +73,10 @@ def eval_command(config_file, as_json, **options):
 def demo_command(config_file, **options):
     """Train a policy (the embedded one, with TOPR, by default) on a whole local swarm; accuracy before and after.
 
-    Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1 (Ctrl-C
-    stops them all), shows them train, then evaluates the first and the last version. With
-    --in-process, trains in this one process instead."""
+    Starts a bootstrap node, a learner and samplers as separate processes on 127.0.0.1, shows them
+    train, then evaluates the first and the last version. Ctrl-C stops them all, evaluates what the
+    learner trained so far and exits 130 (a second Ctrl-C skips the evaluation). With --in-process,
+    trains in this one process instead."""
     from rich.console import Console
 
     config = config_from_options("demo", config_file, options)
