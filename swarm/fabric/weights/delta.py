@@ -78,6 +78,7 @@ import msgpack
 import numpy as np
 import torch
 
+from swarm.fabric.weights import kernels
 from swarm.fabric.weights.packed_stream import Bin, packed
 from swarm.fabric.weights.wire_layout import (  # noqa: F401  (FORMAT, the codecs, delta_body, delta_payload: this module's interface too)
     DELTA_CODEC,
@@ -204,6 +205,8 @@ def _segment_ends(lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresholds: list[int] | None) -> _Changes:
     """The changes of one piece of a tensor (its bits before and after; its dtype's ranges)."""
+    if kernels.ENABLED:
+        return _compiled_piece_changes(old, new, dtype, thresholds)
     count = CLASSES[dtype][1]
     cls, rank, index, members = ranked(old, new, dtype, thresholds)
     is_float = dtype in FLOATS
@@ -220,14 +223,34 @@ def _piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresho
     gaps[starts] = 0
     gap_bytes, gap_lengths = varint_array(gaps)
     step_bytes, step_lengths = varint_array(steps)
-    # the sparse size estimate, as format 3 has always made it: varints of the gaps between
-    # consecutive changes of the piece in class-sorted order (across classes too) and of the steps
-    offsets = np.cumsum(members) - members
     firsts, lasts = rank[starts], rank[ends - 1]
-    across = offsets[classes] + firsts - np.concatenate(([-1], offsets[classes[:-1]] + lasts[:-1])) - 1
-    size = gap_bytes.size - classes.size + int(varint_sizes(across).sum()) + step_bytes.size
     return _Changes(members, classes, changed[classes], firsts, lasts, gap_bytes, _segment_ends(gap_lengths, starts),
-                    step_bytes, _segment_ends(step_lengths, starts), size)
+                    step_bytes, _segment_ends(step_lengths, starts),
+                    _size_estimate(members, classes, firsts, lasts, gap_bytes.size, step_bytes.size))
+
+
+def _compiled_piece_changes(old: np.ndarray, new: np.ndarray, dtype: torch.dtype, thresholds: list[int] | None) -> _Changes:
+    """_piece_changes in two compiled passes (kernels.py): the same _Changes."""
+    count = CLASSES[dtype][1]
+    bounds = kernels.class_bounds(old.dtype, thresholds, EXPONENTS[dtype][0] if thresholds is not None else None)
+    members, cls, rank, steps = kernels.ranked_changes(old, new, bounds, dtype in FLOATS)
+    changed, firsts, lasts, gap_bytes, gap_ends, step_bytes, step_ends = kernels.class_streams(cls, rank, steps, count)
+    del cls, rank, steps
+    members = members[:count]
+    classes = np.flatnonzero(changed)
+    firsts, lasts = firsts[classes], lasts[classes]
+    return _Changes(members, classes, changed[classes], firsts, lasts, gap_bytes, gap_ends[classes], step_bytes,
+                    step_ends[classes], _size_estimate(members, classes, firsts, lasts, gap_bytes.size, step_bytes.size))
+
+
+def _size_estimate(members: np.ndarray, classes: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, gap_bytes: int,
+                   step_bytes: int) -> int:
+    """The sparse size estimate, as format 3 has always made it: varints of the gaps between
+    consecutive changes of the piece in class-sorted order (across classes too) and of the steps
+    (the piece's gap bytes hold one placeholder byte per class instead of its first gap)."""
+    offsets = np.cumsum(members) - members
+    across = offsets[classes] + firsts - np.concatenate(([-1], offsets[classes[:-1]] + lasts[:-1])) - 1
+    return gap_bytes - classes.size + int(varint_sizes(across).sum()) + step_bytes
 
 
 class _SparseEncoder:
@@ -312,6 +335,12 @@ def _apply_piece(out: np.ndarray, base: np.ndarray, dtype: torch.dtype, threshol
                  hi: np.ndarray, cls: np.ndarray, before: np.ndarray, positions: np.ndarray, steps: np.ndarray) -> None:
     """Copy a piece of the base to `out` and apply its changes: for each class with changes in the
     piece, the changes lo..hi of the streams (`before`: the class's members in earlier pieces)."""
+    if kernels.ENABLED:  # the copy, the listing of members and the steps in one pass
+        bounds = kernels.class_bounds(base.dtype, thresholds, EXPONENTS[dtype][0] if thresholds is not None else None)
+        if not kernels.apply_changes(out, base, bounds, dtype in FLOATS, cls, np.ascontiguousarray(lo), np.ascontiguousarray(hi),
+                                     before, positions, steps):
+            raise ValueError("a change ranked past its class's members")
+        return
     out[:] = base
     lengths = hi - lo
     total = int(lengths.sum())
@@ -339,13 +368,21 @@ def _ranges(body: dict, dtypes: set) -> dict:
     return {d: check_thresholds(d, given[str(d)]) for d in floats}
 
 
+def _members(bits: np.ndarray, dtype: torch.dtype, thresholds: list[int] | None) -> np.ndarray:
+    """Members of each of the dtype's classes in a piece of a base (value_classes.members)."""
+    if not kernels.ENABLED:
+        return class_members(bits, dtype, thresholds)
+    bounds = kernels.class_bounds(bits.dtype, thresholds, EXPONENTS[dtype][0] if thresholds is not None else None)
+    return kernels.class_members(bits, bounds)[:CLASSES[dtype][1]]
+
+
 def _sparse_jobs(body: dict, targets: list[tuple[np.ndarray, np.ndarray, torch.dtype]], pool) -> list[tuple[int, tuple]]:
     """The work of applying a delta's class-by-class streams to its sparse tensors (in entry order),
     given each one's (bits to write, base bits, dtype): checks the streams against the base's
     classes, then returns, per piece, (its tensor's place in `targets`, _apply_piece's arguments)."""
     ranges = _ranges(body, {dtype for _, _, dtype in targets})
     pieces = [(i, start, end) for i, (_, base, _) in enumerate(targets) for start, end in _pieces(base.size)]
-    blocks = [pool.submit(class_members, targets[i][1][start:end], targets[i][2], ranges.get(targets[i][2]))
+    blocks = [pool.submit(_members, targets[i][1][start:end], targets[i][2], ranges.get(targets[i][2]))
               for i, start, end in pieces]
     table = np.zeros((len(pieces) + 1, NUM_CLASSES), np.int64)  # members of each class before each piece
     for p, ((i, _, _), future) in enumerate(zip(pieces, blocks)):
@@ -404,7 +441,8 @@ def legacy_state_hash(state: Mapping[str, torch.Tensor]) -> str:
 
 def _state_hash(state: Mapping[str, torch.Tensor], pending: Mapping[str, list[Future]], h=None) -> str:
     """state_hash, waiting for a tensor's `pending` futures (its pieces being written) before reading it."""
-    h = blake3.blake3() if h is None else h
+    # (blake3 hashes a large update on several threads with AUTO: the same digest, sooner on an idle machine)
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO) if h is None else h
     for name in sorted(state):
         for future in pending.get(name, ()):
             future.result()
@@ -455,7 +493,7 @@ def encode_delta(base: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tenso
             old_bits, new_bits = _bits(base[name]), _bits(new[name])
             entry = {"n": name, "d": str(new[name].dtype), "s": list(new[name].shape)}
             tensors.append(entry)
-            if np.array_equal(old_bits, new_bits):
+            if kernels.equal(old_bits, new_bits) if kernels.ENABLED else np.array_equal(old_bits, new_bits):
                 entry["k"] = "same"
                 continue
             changed.append((entry, old_bits, new_bits, new[name].dtype))
