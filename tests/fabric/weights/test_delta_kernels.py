@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swarm.fabric.weights import delta as wd
-from swarm.fabric.weights import kernels, value_classes, varints
+from swarm.fabric.weights import kernels, state_bits, value_classes, varints
 from swarm.fabric.weights.delta import CorruptVersion, apply_payload, encode_delta
 
 pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="numba is a dependency: installed wherever the tests run")
@@ -89,7 +89,7 @@ def states(draw):
 @given(pair=states(), chunk=st.sampled_from([7, 64, 1 << 20]))
 def test_compiled_kernels_write_the_numpy_paths_bytes_for_any_bits(pair, chunk, monkeypatch):
     base, new = pair
-    monkeypatch.setattr(wd, "CHUNK", chunk)
+    monkeypatch.setattr(state_bits, "CHUNK", chunk)
     numpy_bytes, compiled_bytes = both_paths(monkeypatch, lambda: encode_delta(base, new, base_version=1, version=2))
     assert compiled_bytes == numpy_bytes
     assert_applies_alike(monkeypatch, compiled_bytes, base, new)
