@@ -49,19 +49,22 @@ both ends had to sort elements by: 9% more bytes at Qwen3-0.6B shape (19.38 agai
 Receivers refuse payloads of any other format, saying which peer is behind.
 
 Speed (the wire format does not depend on any of this): no sort of the elements at either end.
-The encoder ranks a piece's changes within their ranges with one running sum (value_classes.ranked:
-three ranges' counts packed in an int64), the decoder lists each range's members run by run
-(value_classes.target_index), both RUN elements at a time (temporaries in cache, never paged in
-afresh); pieces are spread over THREADS threads (numpy's comparisons, sums, gathers, hashlib and
-zlib release the GIL); streams are kept as varint bytes rather than as 8-byte integers, and each is
-compressed from the pieces it was made in (packed_stream.py) instead of joined.
-Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed, a busy 2-core
-machine): encode 4.6 s CPU with both hashes (format 4: 6.5), apply with its checks 5.7-6.6 s CPU
-(format 4: 6.7); one 30M tensor on one thread: encode 7 ns an element (format 4: 11), apply 6
-(format 4: 10). Ranking takes ~3.5 ns an element (the comparison and its nonzero ~1, the table
-lookup ~1: numpy's take casts the indices to 8 bytes, the running sum ~0.5, the per-change
-arithmetic the rest), listing a range's members ~3, the copy of the base into the new state (its
-pages touched for the first time) ~1; BLAKE3 ~0.5 a state, zlib and varints a few percent.
+With numba (kernels.py, compiled on first use and cached), one pass over a piece's elements does
+the work: on encode, the comparison of old and new bits, each element's class from its magnitude
+(three compares with the ranges' thresholds), its rank within its class (the four classes' counts
+packed in one int64), the zigzag steps, then the class-by-class varints of gaps and steps; on
+apply, the copy of the base into the new state, the walk over each class's members that places
+the changes, and the steps added. Without numba the numpy path does the same in whole-array
+passes, RUN elements at a time (value_classes.ranked: three ranges' counts packed in an int64;
+value_classes.target_index), writing the same bytes. Pieces are spread over THREADS threads (the
+kernels, numpy's comparisons, sums and gathers, BLAKE3 and zlib release the GIL); streams are kept
+as varint bytes and each is compressed from the pieces it was made in (packed_stream.py).
+The applying side is delta_apply.py; the state's bits, pieces, threads and hashes are state_bits.py.
+Where the time goes (benchmarks/delta_speed.py, Qwen3-0.6B shape, 4% changed, a very busy 2-core
+machine, CPU seconds): encode with both hashes 3.3 s (numpy path 5.6), apply with its checks 5.3
+(numpy path 6.1); one 30M tensor on one thread: encode 4.8 ns an element (numpy 7.7), apply with
+the result's hash 4.8 (numpy 9.5). Ranking ~1.5-3 ns an element (one mispredicted branch per
+change), applying ~2.5, BLAKE3 ~0.5 a state, zlib and varints a few percent.
 """
 
 from __future__ import annotations
