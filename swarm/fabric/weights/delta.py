@@ -104,6 +104,7 @@ from swarm.fabric.weights.value_classes import (  # noqa: F401
     ordered,
     pick_thresholds,
     ranked,
+    thresholds_from_counts,
 )
 
 # varint_encode and varint_decode are part of this module's interface too (the tests and benchmarks use them)
@@ -262,6 +263,14 @@ def encode_snapshot(state: Mapping[str, torch.Tensor], version: int) -> bytes:
 def _picked_ranges(changed: list) -> dict:
     """The ranges of each float dtype among the changed tensors, picked from a sample of their
     elements (one in SAMPLE_STRIDE)."""
+    if kernels.ENABLED:
+        counts: dict = {}
+        for _, old_bits, new_bits, dtype in changed:
+            if dtype in EXPONENTS:
+                shift, mask = EXPONENTS[dtype]
+                members, hits = counts.setdefault(dtype, (np.zeros(mask + 1, np.int64), np.zeros(mask + 1, np.int64)))
+                kernels.sample_exponents(old_bits, new_bits, shift, mask, SAMPLE_STRIDE, members, hits)
+        return {dtype: thresholds_from_counts(members, hits) for dtype, (members, hits) in counts.items()}
     samples: dict = {}
     for _, old_bits, new_bits, dtype in changed:
         if dtype in EXPONENTS:

@@ -252,6 +252,16 @@ def apply_changes(out, base, bounds, is_float, cls, lo, hi, before, positions, s
 
 
 @_compiled
+def sample_exponents(old, new, shift, mask, stride, members, changed):
+    """Adds to members[e] and changed[e] the elements old[::stride] of exponent e, and of those the
+    ones whose bits changed (value_classes.pick_thresholds' sample, counted without copying it)."""
+    for i in range(0, old.size, stride):
+        e = (np.uint64(old[i]) >> np.uint64(shift)) & np.uint64(mask)
+        members[e] += 1
+        changed[e] += np.int64(old[i] != new[i])
+
+
+@_compiled
 def equal(a, b):
     """Whether two arrays of bits are equal (stops at the first difference; no temporaries)."""
     if a.size != b.size:
