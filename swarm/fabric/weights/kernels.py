@@ -121,54 +121,44 @@ def class_streams(cls, rank, steps, classes):
     """A piece's changes (ranked_changes') laid out class by class as delta._piece_changes lays them
     out: per class (of `classes`) its changes, their rank of its first and last change, and the
     varint bytes of its gaps (the first one a 0 placeholder) and of its steps, with where each
-    class's bytes end."""
+    class's bytes end. Two passes over the changes in index order (within a class, ranks ascend):
+    each class's byte counts, then the bytes, each class written from its own cursor."""
     changed = np.zeros(classes, np.int64)
-    for j in range(cls.size):
-        changed[cls[j]] += 1
-    fill = np.zeros(classes, np.int64)
-    for c in range(1, classes):
-        fill[c] = fill[c - 1] + changed[c - 1]
-    order = np.empty(cls.size, np.int64)
-    for j in range(cls.size):  # stable: within a class, in index order, so ranks ascend
-        order[fill[cls[j]]] = j
-        fill[cls[j]] += 1
     firsts = np.zeros(classes, np.int64)
-    lasts = np.zeros(classes, np.int64)
+    lasts = np.full(classes, -1, np.int64)
     gap_ends = np.zeros(classes, np.int64)
     step_ends = np.zeros(classes, np.int64)
-    gap_size = 0
-    step_size = 0
-    q = 0
-    for c in range(classes):
-        last = np.int64(-1)
-        for _ in range(changed[c]):
-            j = order[q]
-            gap_size += 1 if last < 0 else _varint_size(np.uint64(rank[j] - last - 1))
-            step_size += _varint_size(steps[j])
-            last = rank[j]
-            q += 1
-        gap_ends[c] = gap_size
-        step_ends[c] = step_size
-    gaps = np.empty(gap_size, np.uint8)
-    out = np.empty(step_size, np.uint8)
-    g = 0
-    s = 0
-    q = 0
-    for c in range(classes):
-        last = np.int64(-1)
-        for _ in range(changed[c]):
-            j = order[q]
-            if last < 0:
-                firsts[c] = rank[j]
-                gaps[g] = 0  # the placeholder: the gap from the class's earlier pieces is written when the piece is added
-                g += 1
-            else:
-                g = _varint(gaps, g, np.uint64(rank[j] - last - 1))
-            s = _varint(out, s, steps[j])
-            last = rank[j]
-            q += 1
-        lasts[c] = last
-    return changed, firsts, lasts, gaps, gap_ends, out, step_ends
+    for j in range(cls.size):
+        c = cls[j]
+        if lasts[c] < 0:
+            firsts[c] = rank[j]
+            gap_ends[c] += 1  # the placeholder: the gap from the class's earlier pieces is written when the piece is added
+        else:
+            gap_ends[c] += _varint_size(np.uint64(rank[j] - lasts[c] - 1))
+        step_ends[c] += _varint_size(steps[j])
+        lasts[c] = rank[j]
+        changed[c] += 1
+    for c in range(1, classes):
+        gap_ends[c] += gap_ends[c - 1]
+        step_ends[c] += step_ends[c - 1]
+    gaps = np.empty(gap_ends[classes - 1], np.uint8)
+    out = np.empty(step_ends[classes - 1], np.uint8)
+    g = np.zeros(classes, np.int64)  # each class's cursors: where its bytes start
+    s = np.zeros(classes, np.int64)
+    for c in range(1, classes):
+        g[c] = gap_ends[c - 1]
+        s[c] = step_ends[c - 1]
+    last = np.full(classes, -1, np.int64)
+    for j in range(cls.size):
+        c = cls[j]
+        if last[c] < 0:
+            gaps[g[c]] = 0
+            g[c] += 1
+        else:
+            g[c] = _varint(gaps, g[c], np.uint64(rank[j] - last[c] - 1))
+        s[c] = _varint(out, s[c], steps[j])
+        last[c] = rank[j]
+    return changed, firsts, np.maximum(lasts, 0), gaps, gap_ends, out, step_ends
 
 
 @_compiled
