@@ -7,6 +7,10 @@ built directly as tensors (no model): the bf16 cast of float32 masters drawn N(0
 weights near 1). The next version adds +-u to every master and casts again: u = 1e-6 changes about
 4% of the bf16 elements, what one AdamW step at lr 1e-6 does (issue 44).
 
+Format 5 runs twice: on its numpy path (kernels.ENABLED off: what a peer without numba runs) and
+with its compiled kernels (swarm/fabric/weights/kernels.py), the same bytes; the kernels compile
+(or load from numba's cache) before anything is timed.
+
 "Before" is what was published before tied parameters went once: format 3 with the embedding a
 second time as lm_head.weight (751.6M elements); "after" is format 4 with the 596M unique ones.
 Figures: encode (a delta, the hashes of both states included), the state hash alone, apply with
@@ -168,7 +172,17 @@ def run() -> dict:
         print(f"  (no git history: format 4 as of {FORMAT_4[:8]} is not measured)", flush=True)
     else:
         rows.append(measure_format("format 4, tied parameter once", previous, base, new, REPEATS, known_hash=True, snapshot=False))
-    rows.append(measure_format(f"format {current.FORMAT}, tied parameter once", current, base, new, REPEATS, known_hash=True,
+    from swarm.fabric.weights import kernels
+
+    if kernels.ENABLED:  # the same codec on its numpy path (what runs without numba): the in-process baseline
+        kernels.ENABLED = False
+        try:
+            rows.append(measure_format(f"format {current.FORMAT}, numpy path", current, base, new, REPEATS, known_hash=True,
+                                       snapshot=False))
+        finally:
+            kernels.ENABLED = True
+    label = "compiled kernels" if kernels.ENABLED else "numpy path (no numba)"
+    rows.append(measure_format(f"format {current.FORMAT}, {label}", current, base, new, REPEATS, known_hash=True,
                                snapshot=True))
     figures = {"shape": which, "reference": REFERENCE, "format_4": FORMAT_4, "format": current.FORMAT, "repeats": REPEATS, "threads": current.THREADS,
                "cpu_count": os.cpu_count(), "unique_elements": unique, "changed": changed, "changed_fraction": changed / unique,

@@ -92,8 +92,14 @@ def pick_thresholds(old: np.ndarray, new: np.ndarray, dtype: torch.dtype) -> lis
     ideal coder of positions within each range would spend (an encoder's choice: not part of the format)."""
     count = EXPONENTS[dtype][1] + 1
     e = exponents(old, dtype)
-    size = np.concatenate(([0], np.cumsum(np.bincount(e, minlength=count)))).astype(np.float64)
-    hits = np.concatenate(([0], np.cumsum(np.bincount(e[old != new], minlength=count)))).astype(np.float64)
+    return thresholds_from_counts(np.bincount(e, minlength=count), np.bincount(e[old != new], minlength=count))
+
+
+def thresholds_from_counts(members: np.ndarray, changed: np.ndarray) -> list[int]:
+    """pick_thresholds given, per exponent value of the dtype, the sample's members and changed ones."""
+    count = members.size
+    size = np.concatenate(([0], np.cumsum(members))).astype(np.float64)
+    hits = np.concatenate(([0], np.cumsum(changed))).astype(np.float64)
     n = size[None, :] - size[:, None]  # n[i, j]: members of exponents i..j-1
     k = hits[None, :] - hits[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):

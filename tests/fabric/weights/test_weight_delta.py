@@ -90,7 +90,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.fabric.weights import value_classes, varints
+from swarm.fabric.weights import state_bits, value_classes, varints
 from swarm.fabric.weights import delta as wd
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
@@ -234,7 +234,7 @@ def test_an_empty_delta():
 def test_pieces_and_classes_across_tensors_and_dtypes(monkeypatch):
     """Several dtypes in one delta, tensors cut into pieces (a tiny CHUNK), classes shared by
     pieces of several tensors: the class-by-class layout is undone exactly."""
-    monkeypatch.setattr(wd, "CHUNK", 37)
+    monkeypatch.setattr(state_bits, "CHUNK", 37)
     gen = torch.Generator().manual_seed(5)
     base, new = {}, {}
     for i, dtype in enumerate(DTYPES * 2):
@@ -506,9 +506,9 @@ def _random_states(rng: random.Random, seed: int) -> tuple[dict, dict]:
 @pytest.mark.parametrize("seed", range(16))
 def test_payloads_are_the_reference_encoders_bytes_whatever_the_pieces_blocks_and_threads(seed, monkeypatch):
     rng = random.Random(seed)
-    monkeypatch.setattr(wd, "CHUNK", rng.choice([37, 1000, 1 << 20]))
+    monkeypatch.setattr(state_bits, "CHUNK", rng.choice([37, 1000, 1 << 20]))
     monkeypatch.setattr(value_classes, "RUN", rng.choice([1, 3, 64, 1 << 20]))
-    monkeypatch.setattr(wd, "THREADS", rng.choice([1, 2, 3]))
+    monkeypatch.setattr(state_bits, "THREADS", rng.choice([1, 2, 3]))
     base, new = _random_states(rng, seed)
     payload = encode_delta(base, new, base_version=3, version=4)
     assert payload == reference_delta(base, new, base_version=3, version=4, ranges=body_of(payload).get("ranges", {}))
@@ -518,7 +518,7 @@ def test_payloads_are_the_reference_encoders_bytes_whatever_the_pieces_blocks_an
 
 def test_a_bf16_step_over_many_blocks_is_the_reference_encoders_bytes(monkeypatch):
     """A one-ulp RL step on 300K bf16 weights, cut into several pieces, blocks and runs of blocks."""
-    monkeypatch.setattr(wd, "CHUNK", 100_000)
+    monkeypatch.setattr(state_bits, "CHUNK", 100_000)
     monkeypatch.setattr(value_classes, "RUN", 4096)
     gen = torch.Generator().manual_seed(3)
     master = {"w": torch.randn(300_000, generator=gen) * 0.02, "n": torch.ones(999) + torch.randn(999, generator=gen) * 1e-3}
@@ -528,7 +528,7 @@ def test_a_bf16_step_over_many_blocks_is_the_reference_encoders_bytes(monkeypatc
     assert payload == reference_delta(base, new, base_version=0, version=1, ranges=body_of(payload)["ranges"])
     assert body_of(payload)["tensors"][1]["k"] == "sparse"
     for threads in (1, 2):
-        monkeypatch.setattr(wd, "THREADS", threads)
+        monkeypatch.setattr(state_bits, "THREADS", threads)
         _, state = apply_payload(payload, base)
         assert_bit_exact(state, new)
 
