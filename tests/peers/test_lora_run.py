@@ -66,6 +66,15 @@ def test_a_lora_run_publishes_adapters_that_samplers_apply_to_the_same_base(boot
             time.sleep(0.2)
         used = sampler.current
         assert used is not None and used >= 3, f"the sampler is at version {used}"
+        # `swarm status` and the dashboard say that the run is a LoRA run, and its r
+        from swarm.cli.peer_commands import _adapter
+        from swarm.config.learner_keys import decode_learner_key
+        from swarm.dashboard.state import announcement_fields
+
+        announced = sampler.fabric.latest_announced([decode_learner_key(key)])
+        assert _adapter(announced) == {"lora_r": 4, "lora_alpha": 8.0, "target_modules": ["q_proj", "up_proj", "v_proj"],
+                                       "base_hash": learner.adapter.base_hash}
+        assert announcement_fields(announced)["lora_r"] == 4
     finally:
         sampler.stop_event.set()
         learner.stop_event.set()
@@ -97,6 +106,26 @@ def test_a_lora_run_publishes_adapters_that_samplers_apply_to_the_same_base(boot
             untrained = learner.model(input_ids=ids).logits
     assert torch.allclose(theirs, ours, atol=1e-5, rtol=0)
     assert not torch.allclose(ours, untrained, atol=1e-4), "the adapter never moved"
+    if bootstrap.transport == "grpc":  # (the quicker transport to start a learner again on)
+        resume(bootstrap, tmp_path, learner)
+
+
+def resume(bootstrap, tmp_path, learner) -> None:
+    """A LoRA run's learner resumed from its checkpoint (written at exit) holds the adapter and the
+    version it stopped at, and pins the same base."""
+    from peers.learner import Learner
+    from swarm.fabric.weights.delta import state_hash
+    from swarm.lora import is_lora, policy_state
+
+    config = learner.config.model_copy(update={"resume": True})
+    resumed = Learner(config, echo=lambda line: None)
+    try:
+        resumed.setup()
+        assert is_lora(resumed.model) and resumed.adapter == learner.adapter
+        assert resumed.core.version > learner.core.version or resumed.core.version == learner.core.version
+        assert state_hash(policy_state(resumed.model)) == state_hash(policy_state(learner.model))
+    finally:
+        resumed.stop()
 
 
 def test_a_sampler_whose_base_model_differs_is_told_and_samples_nothing(bootstrap, tmp_path):
