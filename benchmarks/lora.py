@@ -38,7 +38,7 @@ SWAPS = 5  # version swaps timed, the median kept
 GOALS = {"snapshot_ratio": 0.02, "step_memory_ratio": 0.5}
 
 
-def _model(lora: bool, device: str = "cpu"):
+def _model(lora: bool, device: str = "cpu", model_dir: str | None = None):
     import torch
 
     from swarm.lora import wrap_lora
@@ -46,7 +46,7 @@ def _model(lora: bool, device: str = "cpu"):
     from swarm.model.midsize import midsize_model_dir
 
     torch.manual_seed(0)
-    model, tokenizer = load_policy(str(midsize_model_dir()), device=device)
+    model, tokenizer = load_policy(model_dir or str(midsize_model_dir()), device=device)
     return (wrap_lora(model, r=R, alpha=ALPHA, target_modules=TARGETS) if lora else model), tokenizer
 
 
@@ -74,7 +74,7 @@ def version_bytes(model, core, tokenizer) -> dict:
             "delta_bytes": len(encode_delta(before, after, base_version=0, version=1))}
 
 
-def step_figures(lora: bool, device: str = "cpu") -> dict:
+def step_figures(lora: bool, device: str = "cpu", model_dir: str | None = None) -> dict:
     """One mode's learner step: memory on top of the loaded model (the first step, AdamW's state
     made in it) and the seconds of a second, warm step; then its version bytes."""
     import psutil
@@ -82,7 +82,7 @@ def step_figures(lora: bool, device: str = "cpu") -> dict:
 
     from benchmarks.learner_memory import groups
 
-    model, tokenizer = _model(lora, device)
+    model, tokenizer = _model(lora, device, model_dir)
     core = _core(model, tokenizer)
     batch = groups(GROUPS, len(tokenizer))
     me, peak, stop = psutil.Process(), [0], threading.Event()
@@ -120,11 +120,10 @@ def step_figures(lora: bool, device: str = "cpu") -> dict:
             "step_seconds": round(seconds, 3), "version": version_bytes(model, core, tokenizer)}
 
 
-def swap_figures(device: str = "cpu") -> dict:
+def swap_figures(device: str = "cpu", model_dir: str | None = None) -> dict:
     """Seconds to put a new version into a sampler that holds the base: adapter (unmerged, merged)
     against a whole version; and generation seconds merged against unmerged."""
     import copy
-    import statistics
 
     import torch
 
@@ -133,14 +132,14 @@ def swap_figures(device: str = "cpu") -> dict:
     from swarm.generation.transformers_backend import TransformersBackend
     from swarm.lora import adapter_spec, base_state, policy_state
 
-    learner, tokenizer = _model(True, device)
+    learner, tokenizer = _model(True, device, model_dir)
     with torch.no_grad():
         for name, p in learner.named_parameters():
             if ".lora_B." in name:
                 p.normal_(0, 0.01)  # a trained adapter's B is not zero
     spec = adapter_spec(learner, state_hash(base_state(learner)))
     adapter = policy_state(learner, copy=True)
-    full_model, _ = _model(False, device)
+    full_model, _ = _model(False, device, model_dir)
     whole = policy_state(full_model, copy=True)
     figures = {}
     prompts = ["What is 17 + 25? Put the final answer in \\boxed{}."] * 4
@@ -151,7 +150,6 @@ def swap_figures(device: str = "cpu") -> dict:
         figures[f"swap_{name}_s"] = _median_seconds(lambda: backend.load_state_dict(adapter), device)
         backend.generate(prompts, params)  # warm
         figures[f"generate_{name}_s"] = _median_seconds(lambda: backend.generate(prompts, params), device, times=3)
-        del backend
     plain = TransformersBackend(full_model, tokenizer)
     figures["swap_full_s"] = _median_seconds(lambda: plain.load_state_dict(whole), device)
     figures["adapter_bytes_in_memory"] = sum(t.numel() * t.element_size() for t in adapter.values())
@@ -186,12 +184,14 @@ def ratios(lora: dict, full: dict, swaps: dict) -> dict:
     }
 
 
-def measure(device: str = "cpu") -> dict:
-    """Every comparison in this process (on CUDA memory is exact per step; on a CPU resident memory
-    carries over between modes, so `run` measures each mode in a fresh process instead)."""
-    full = step_figures(False, device)
-    lora = step_figures(True, device)
-    swaps = swap_figures(device)
+def measure(device: str = "cpu", model_dir: str | None = None) -> dict:
+    """Every comparison in this process, on `model_dir` (default: the mid-size model). On CUDA the
+    memory figures are exact per step (LoRA measured first: the caching allocator would hand it what
+    full fine-tuning freed, which max_memory_allocated does not count anyway); on a CPU resident
+    memory carries over between modes, so `run` measures each mode in a fresh process instead."""
+    lora = step_figures(True, device, model_dir)
+    full = step_figures(False, device, model_dir)
+    swaps = swap_figures(device, model_dir)
     found = ratios(lora, full, swaps)
     return {"lora": lora, "full": full, "swaps": swaps, "ratios": found,
             "goals_met": {k: found[k] <= v for k, v in GOALS.items()}}

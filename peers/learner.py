@@ -43,7 +43,7 @@ from swarm.fabric.weights.delta import non_finite_tensors, state_hash
 from swarm.fabric.weights.publisher import Publisher
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
 from swarm.intake import GroupIntake
-from swarm.lora import adapter_spec, base_state, is_lora, policy_state, wrap_for
+from swarm.lora import AdapterSpec, adapter_spec, base_state, describe, is_lora, policy_state, wrap_for
 from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
 from swarm.model.loading import load_policy
 from swarm.progress import LineProgress
@@ -214,6 +214,15 @@ class Learner(Peer):
             self.echo(f"{self.adapter.describe()}: {trained:,} of {sum(p.numel() for p in self.model.parameters()):,} "
                       f"parameters train; base model {self.adapter.base_hash[:16]}... frozen")
 
+    def _check_run_adapter(self, announced) -> None:
+        """One more learner of a run trains what the run trains (its announcements say what)."""
+        if announced is not None:
+            s = announced.sampling
+            theirs = AdapterSpec(s.lora_r, s.lora_alpha, tuple(sorted(s.lora_targets)), s.base_hash) if s.lora_r else None
+            if theirs != self.adapter:
+                raise ValueError(f"run '{self.config.run_id}' trains {describe(theirs)}, this learner {describe(self.adapter)}: "
+                                 "start it with the run's --model and --lora-r/--lora-alpha/--lora-target-modules")
+
     def _warn_damaged(self, message: str) -> None:
         self.events.event("damaged_checkpoint", message=message)
         self.echo(f"warning: {message}")
@@ -232,6 +241,7 @@ class Learner(Peer):
         team, fabric, config = self.team, self.fabric, self.config
         if team is None or not team.joining:
             return
+        self._check_run_adapter(fabric.latest_announced([team.owner]))
         if not team.wait_for_others(3 * fabric.heartbeat_s + 5):
             self.echo(f"no other learner of run '{config.run_id}' is up: this one starts it")  # an offline owner's first learner
             return

@@ -46,6 +46,11 @@ class AdapterSpec:
         return f"LoRA r={self.r}, alpha={self.alpha:g}, on {', '.join(self.target_modules)}"
 
 
+def describe(spec: AdapterSpec | None) -> str:
+    """What a run trains: its adapter over its base, or every weight (None)."""
+    return f"{spec.describe()} over base {spec.base_hash[:16]}" if spec is not None else "every weight"
+
+
 def is_lora(model) -> bool:
     return hasattr(model, "peft_config")
 

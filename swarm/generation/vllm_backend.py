@@ -230,6 +230,19 @@ def update_route(version, environ: Mapping[str, str] = os.environ) -> str:
     return ROUTE_WEIGHT_TRANSFER
 
 
+# the ranks vLLM's engine accepts as max_lora_rank (vllm/config/lora.py MaxLoRARanks; 0.10-0.11
+# list 8 to 512, later ones add 1)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that holds adapters of `rank`."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= max(rank, 8)]
+    if not fitting:
+        raise ValueError(f"--max-lora-rank {rank}: vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}")
+    return fitting[0]
+
+
 def _vllm_version():
     try:
         import vllm
@@ -295,7 +308,7 @@ class VLLMBackend:
             update_args = {"worker_extension_cls": EXTENSION}
         self.model_dir, self.max_lora_rank, self._lora_ids = model_dir, max_lora_rank, 0
         if max_lora_rank:  # LoRA runs' adapters, one at a time (each version is one)
-            update_args.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+            update_args.update(enable_lora=True, max_lora_rank=engine_lora_rank(max_lora_rank), max_loras=1)
         logger.info("vLLM %s: weights are updated through %s", version or "(dev build)", self.route)
         self.llm = LLM(
             model=model_dir,

@@ -186,9 +186,9 @@ def test_vllm_generates_with_each_adapter_version_through_its_lora_api(lora_mode
     from swarm.model.loading import resolve_model_dir
 
     model, tokenizer = lora_model
-    engine = make_backend("vllm", resolve_model_dir("embedded"), dtype="float32", gpu_memory_utilization=0.3, max_lora_rank=8)
+    engine = make_backend("vllm", resolve_model_dir("embedded"), dtype="bfloat16", gpu_memory_utilization=0.3, max_lora_rank=4)
     spec = adapter_spec(model, state_hash(base_state(model)))
-    assert engine.base_hash() == spec.base_hash
+    assert engine.base_hash() == spec.base_hash  # a bfloat16 engine holds the same base
     engine.use_adapter(spec)
     assert not engine.partial_updates
     prompt = ["What is 12 + 7?"]
@@ -210,3 +210,11 @@ def test_vllm_generates_with_each_adapter_version_through_its_lora_api(lora_mode
     recomputed = completion_logprobs(model.eval(), ids[0], torch.ones_like(ids[0]), ids[1], torch.ones_like(ids[1]),
                                      temperature=1.0, top_k=0, top_p=1.0)
     assert recomputed.shape[1] == len(second.completion_logprobs[0])
+
+
+def test_the_vllm_engine_rank_is_one_vllm_accepts():
+    from swarm.generation.vllm_backend import engine_lora_rank
+
+    assert [engine_lora_rank(r) for r in (1, 4, 8, 9, 16, 300, 512)] == [8, 8, 8, 16, 16, 320, 512]
+    with pytest.raises(ValueError, match="up to rank 512"):
+        engine_lora_rank(1024)
