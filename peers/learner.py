@@ -43,6 +43,7 @@ from swarm.fabric.weights.delta import non_finite_tensors, state_hash
 from swarm.fabric.weights.publisher import Publisher
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
 from swarm.intake import GroupIntake
+from swarm.lora import AdapterSpec, adapter_spec, base_state, describe, is_lora, policy_state, wrap_for
 from swarm.model.device import resolve_device, resolve_dtype, torch_dtype
 from swarm.model.loading import load_policy
 from swarm.progress import LineProgress
@@ -50,7 +51,6 @@ from swarm.reporting import Reporter
 from swarm.rewards import RewardScorer
 from swarm.runlog import EventLog, StepLog, write_json_atomic, write_ready
 from swarm.tasks import load_problems
-from swarm.tied_weights import unique_state
 from swarm.team import LearnerTeam, float32_hash
 from swarm.training import LearnerCore, NonFiniteStep, NothingToStep, OutOfStep
 from swarm.verification import GapEvidence, LogprobVerifier
@@ -195,11 +195,34 @@ class Learner(Peer):
             self.model, self.core.version = self.core.model, resume_from.version
         else:
             self.model, self.tokenizer = load_policy(config.model)  # a bad --model fails here, before anything is made
+            self.model = wrap_for(self.model, config)  # --lora-r: the base frozen, an adapter on it trains
             self.core = self._build_core(self.model, self.tokenizer)
+        self._pin_base()
         problems = load_problems(config.task, config.task_options(), tokenizer=self.tokenizer)
         self.answers = {p.problem_id: p.answer for p in problems}
         self.prompts = {p.problem_id: p.prompt for p in problems}  # a group's prompt must be its problem's
         return resume_from
+
+    def _pin_base(self) -> None:
+        """A LoRA run's adapter and the hash of its frozen base, announced with every version."""
+        config = self.config
+        if is_lora(self.model) != bool(config.lora_r):
+            raise ValueError(f"the checkpoint is {'a LoRA' if is_lora(self.model) else 'a full fine-tuning'} run's; resume "
+                             f"it with {'the same --lora-r' if is_lora(self.model) else '--lora-r 0'}")
+        self.adapter = adapter_spec(self.model, state_hash(base_state(self.model))) if config.lora_r else None
+        if self.adapter is not None:
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            self.echo(f"{self.adapter.describe()}: {trained:,} of {sum(p.numel() for p in self.model.parameters()):,} "
+                      f"parameters train; base model {self.adapter.base_hash[:16]}... frozen")
+
+    def _check_run_adapter(self, announced) -> None:
+        """One more learner of a run trains what the run trains (its announcements say what)."""
+        if announced is not None:
+            s = announced.sampling
+            theirs = AdapterSpec(s.lora_r, s.lora_alpha, tuple(sorted(s.lora_targets)), s.base_hash) if s.lora_r else None
+            if theirs != self.adapter:
+                raise ValueError(f"run '{self.config.run_id}' trains {describe(theirs)}, this learner {describe(self.adapter)}: "
+                                 "start it with the run's --model and --lora-r/--lora-alpha/--lora-target-modules")
 
     def _warn_damaged(self, message: str) -> None:
         self.events.event("damaged_checkpoint", message=message)
@@ -219,6 +242,7 @@ class Learner(Peer):
         team, fabric, config = self.team, self.fabric, self.config
         if team is None or not team.joining:
             return
+        self._check_run_adapter(fabric.latest_announced([team.owner]))
         if not team.wait_for_others(3 * fabric.heartbeat_s + 5):
             self.echo(f"no other learner of run '{config.run_id}' is up: this one starts it")  # an offline owner's first learner
             return
@@ -249,9 +273,11 @@ class Learner(Peer):
         config, tokenizer = self.config, self.tokenizer
         # the newest version whole, older ones as undo deltas rebuilt on demand (65 whole versions
         # of a 0.6B policy would take 78 GB); forward deltas for half a snapshot: a sampler further
-        # behind gets the snapshot
+        # behind gets the snapshot. A LoRA run's adapter moves in every element at every step, so its
+        # deltas are 0.8-0.95 of a snapshot: one snapshot's worth of them is kept (a sampler one
+        # version behind still saves a fifth)
         self.store = VersionStore(capacity=max(8, min(config.max_staleness, MAX_HELD_VERSIONS) + 1), whole_states=1,
-                                  cached_states=1, delta_budget=0.5)
+                                  cached_states=1, delta_budget=1.0 if config.lora_r else 0.5)
         self.server = self.hold(self.fabric.weight_server(self.store))
         # the ids a policy can emit: its output layer's rows, which models pad past the tokenizer
         # (Qwen3: 151,936 rows for 151,669 tokens), so an honest sampler may draw a padding id
@@ -302,8 +328,10 @@ class Learner(Peer):
         """Publishes the first version, then starts the heartbeat and the step records."""
         config = self.config
         self.last_step = time.time()
+        adapter = self.adapter
         self.sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
-                                    tuple(config.stop_strings))
+                                    tuple(config.stop_strings),
+                                    *((adapter.r, adapter.alpha, adapter.target_modules, adapter.base_hash) if adapter else ()))
         # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
         # encodes, hashes and announces versions while the next step trains (closed after the pulse)
@@ -459,9 +487,10 @@ class Learner(Peer):
         snapshot is taken here, and the publisher encodes, hashes and announces it in the background
         (`now`: in this thread, as the first version is, before anything else happens)."""
         core = self.core
-        # a tied parameter once (swarm/tied_weights.py), copied where the weights are: the next step
-        # changes them while the publisher takes these to the host and encodes them
-        state = unique_state(self.model, self.publish_dtype, copy=True, on_host=False)
+        # a tied parameter once (swarm/tied_weights.py), or a LoRA run's adapter alone (swarm/lora.py),
+        # copied where the weights are: the next step changes them while the publisher takes these to
+        # the host and encodes them
+        state = policy_state(self.model, self.publish_dtype, copy=True, on_host=False)
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "
@@ -524,7 +553,7 @@ class Learner(Peer):
         the published version's own hash when it is published in float32."""
         if self.dtype == "float32" and self.core.version in self.store.hashes:
             return self.store.hashes[self.core.version]
-        return state_hash(unique_state(self.model))
+        return state_hash(policy_state(self.model))
 
     def checkpoint(self) -> None:
         """Saves weights and optimizer state; a failed write is reported, not fatal: a full disk
@@ -535,6 +564,7 @@ class Learner(Peer):
         try:
             path = save_checkpoint(self.run_dir, self.model, self.tokenizer, core.optimizer, version=core.version,
                                    digest=self.master_hash(), config=json.loads(config.model_dump_json()),
+                                   base_hash=self.adapter.base_hash if self.adapter else "",
                                    keep=config.keep_checkpoints, progress=self.progress)
         except Exception as exc:  # noqa: BLE001  a fault-tolerance boundary: any failure to write is survivable
             error = f"{type(exc).__name__}: {exc}"

@@ -33,6 +33,7 @@ from swarm.fabric.transports import join_with
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
 from swarm.generation import SamplingParams, make_backend
+from swarm.lora import AdapterSpec
 from swarm.model.device import resolve_device, resolve_dtype
 from swarm.model.loading import resolve_model_dir
 from swarm.progress import LineProgress
@@ -44,6 +45,16 @@ from swarm.staleness import SecondsDelay
 from swarm.tasks import load_problems, shard_for_sampler
 
 logger = logging.getLogger(__name__)
+
+
+class WrongBaseModel(RuntimeError):
+    """A LoRA run's base model is not the one this sampler holds: it must not sample for that run."""
+
+
+def base_mismatch(run_id: str, model: str, announced: str, ours: str) -> str:
+    return (f"run '{run_id}' is a LoRA run on the base model with hash {announced}, but this sampler's --model "
+            f"{model!r} hashes to {ours}: its rollouts would come from another policy, so it samples nothing for this "
+            f"run. Start it with --model set to the learner's base model (the same files, in float32 or bfloat16)")
 
 
 def load_version(backend, state, previous) -> None:
@@ -84,6 +95,7 @@ class Sampler(Peer):
         self.sent = self.done = self.tokens_total = 0  # groups accepted, rounds, tokens generated
         self.refused: Counter = Counter()
         self.ended_at: int | None = None  # the version at which the learner announced the end of the run
+        self.adapter: AdapterSpec | None = None  # a LoRA run's adapter, put on the backend at the first version
 
     def say(self, message: str) -> None:
         self.echo(f"{self.sampler_id}: {message}")
@@ -121,7 +133,8 @@ class Sampler(Peer):
             options = {"device": device, "dtype": dtype}
         else:
             options = {"dtype": dtype, "gpu_memory_utilization": config.gpu_memory_utilization, "max_model_len": config.max_model_len,
-                       "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": config.enforce_eager}
+                       "tensor_parallel_size": config.tensor_parallel_size, "enforce_eager": config.enforce_eager,
+                       "max_lora_rank": config.max_lora_rank}
         self.backend = make_backend(config.backend, resolve_model_dir(config.model), **options)
         problems = load_problems(config.task, config.task_options(), tokenizer=self.backend.tokenizer)
         self.problems = shard_for_sampler(problems, self.sampler_id)
@@ -194,6 +207,7 @@ class Sampler(Peer):
             self._wait_for_a_first_version()
             return
         if choice is not None and choice != self.current:
+            self._follow_adapter(self.follower.sampling)
             self._use_version(choice)
         if self.follower.sampling != self.sampling:
             self._sample_as_announced(self.follower.sampling)
@@ -205,6 +219,26 @@ class Sampler(Peer):
         if time.time() - self.started_at > self.config.wait_s:
             raise TimeoutError(f"no version within {self.config.wait_s:.0f}s: {self.follower.diagnose(self.config.run_id)}")
         self.stop_event.wait(0.5)
+
+    def _follow_adapter(self, sampling) -> None:
+        """A LoRA run: this sampler's base model must be the announced one (by hash; else it stops with
+        WrongBaseModel, having sampled nothing), and carries the run's adapter from then on."""
+        if sampling is None or not sampling.lora_r or self.adapter is not None:
+            return
+        spec = AdapterSpec(sampling.lora_r, sampling.lora_alpha, tuple(sampling.lora_targets), sampling.base_hash)
+        ours = self.backend.base_hash()
+        if ours != spec.base_hash:
+            message = base_mismatch(self.config.run_id, self.config.model, spec.base_hash, ours)
+            self.events.event("wrong_base_model", announced=spec.base_hash, ours=ours)
+            raise WrongBaseModel(message)
+        if self.config.backend == "transformers":
+            self.backend.use_adapter(spec, merged=self.config.lora_merged)
+        else:
+            self.backend.use_adapter(spec)
+        self.adapter = spec
+        self.events.event("adapter", r=spec.r, alpha=spec.alpha, target_modules=list(spec.target_modules),
+                          base_hash=spec.base_hash)
+        self.say(f"the run trains {spec.describe()}; base model {ours[:16]}... matches")
 
     def _use_version(self, choice: int) -> None:
         swap = time.time()

@@ -24,6 +24,7 @@ from swarm.diagnostics import expected_advantage_errors
 from swarm.evaluation import evaluate_policy
 from swarm.generation import SamplingParams
 from swarm.generation.transformers_backend import TransformersBackend
+from swarm.lora import wrap_for
 from swarm.model.loading import load_policy
 from swarm.reporting import Reporter
 from swarm.rewards import RewardScorer
@@ -54,6 +55,7 @@ def run_trainer(
     # from the age of the data, not from a different prompt sequence.
     delay_rng = random.Random(config.seed * 1_000_003 + 7)
     model, tokenizer = load_policy(config.model)
+    model = wrap_for(model, config)  # --lora-r: an adapter on the frozen base trains (the ring holds it with its base)
     sampler_model = copy.deepcopy(model).eval()
     learner = LearnerCore.from_settings(model, tokenizer.pad_token_id, config)
     sampler = TransformersBackend(sampler_model, tokenizer)

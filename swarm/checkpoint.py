@@ -1,6 +1,8 @@
 """Learner checkpoints: `run_dir/checkpoints/version-000042/` holds the policy in Hugging Face
 format (config.json, model.safetensors, tokenizer files: `transformers` and vLLM load it as a model
-directory), the optimizer state, and state.json (version, weights hash, configuration).
+directory), the optimizer state, and state.json (version, weights hash, configuration). A LoRA run's
+holds the adapter alone in PEFT's format (adapter_config.json, adapter_model.safetensors), and its
+state.json the hash of the base model (`--model`) it was trained on, checked when it is resumed.
 
 A checkpoint is written to a temporary directory, flushed to disk and renamed into place only when
 complete, so a learner killed while saving never leaves a half-written checkpoint that
@@ -25,7 +27,7 @@ import torch
 from swarm.fabric.weights.delta import legacy_state_hash, state_hash
 from swarm.model.loading import load_policy
 from swarm.progress import Progress, ProgressTask
-from swarm.tied_weights import unique_state
+from swarm.lora import base_state, is_adapter_dir, policy_state
 
 logger = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0  # checkpoints quicker than this show no progress (the embedded policy's take ~0.1 s)
@@ -47,7 +49,7 @@ def checkpoint_dir(run_dir: Path) -> Path:
 
 
 def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int, digest: str, config: dict,
-                    keep: int = 3, progress: Progress | None = None) -> Path:
+                    keep: int = 3, progress: Progress | None = None, base_hash: str = "") -> Path:
     """Write version `version`'s checkpoint (see the module's docstring); `progress` hears of the
     bytes written (weights, then optimizer state, then flushed to disk) once it takes a while."""
     root = checkpoint_dir(run_dir)
@@ -66,7 +68,9 @@ def save_checkpoint(run_dir: Path, model, tokenizer, optimizer, *, version: int,
             tokenizer.save_pretrained(tmp)
             _written(task, tmp, "weights written")
             torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            (tmp / STATE_FILE).write_text(json.dumps({"version": version, "hash": digest, "config": config, "time": time.time()}, indent=2))
+            state = {"version": version, "hash": digest, "config": config, "time": time.time(),
+                     **({"base_hash": base_hash} if base_hash else {})}
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
             _written(task, tmp, "flushing to disk", last=True)
             _fsync_files(tmp)  # the rename must not reach the disk before the files it names
             if final.exists():  # a leftover without state.json: incomplete, replace it
@@ -180,10 +184,26 @@ def load_verified(run_dir: Path, build_learner, *, warn=logger.warning, chosen: 
 
 def _load_one(checkpoint: Checkpoint, build_learner):
     """(checkpoint, learner, tokenizer) from one checkpoint whose weights hash as its state.json says."""
-    model, tokenizer = load_policy(str(checkpoint.path))
-    digest = state_hash(unique_state(model))  # as the learner hashed it: a tied parameter once
+    model, tokenizer = _load_model(checkpoint)
+    digest = state_hash(policy_state(model))  # as the learner hashed it: a tied parameter once, or the adapter
     if digest != checkpoint.hash and not _legacy_match(model, checkpoint.hash):
         raise ValueError(f"its weights hash to {digest[:12]}..., not {checkpoint.hash[:12]}... as state.json says")
     learner = build_learner(model, tokenizer)
     load_optimizer_state(checkpoint, learner.optimizer)
     return checkpoint, learner, tokenizer
+
+
+def _load_model(checkpoint: Checkpoint):
+    """The checkpoint's policy: its own weights, or a LoRA run's base model (`--model` of its config,
+    checked against the base hash it recorded) with its adapter, trainable."""
+    if not is_adapter_dir(checkpoint.path):
+        return load_policy(str(checkpoint.path))
+    from peft import PeftModel
+
+    state = json.loads((checkpoint.path / STATE_FILE).read_text())
+    base, tokenizer = load_policy(str(checkpoint.config.get("model", "embedded")))
+    found = state_hash(base_state(base))
+    if found != state.get("base_hash"):
+        raise ValueError(f"the LoRA checkpoint was trained on base model {str(state.get('base_hash'))[:16]}..., but --model "
+                         f"{checkpoint.config.get('model')!r} now holds {found[:16]}...; restore that base model")
+    return PeftModel.from_pretrained(base, str(checkpoint.path), is_trainable=True), tokenizer

@@ -146,6 +146,8 @@ def completion_logprobs(
     decoder and output layer take the whole-logits path.
     """
     tp = prompt_ids.size(1)
+    if hasattr(model, "get_base_model"):  # a LoRA run's PEFT wrapper: its adapters live inside the wrapped model
+        model = model.get_base_model()
     head = model.get_output_embeddings() if chunk > 0 else None
     decoder = getattr(model, model.base_model_prefix, None) if head is not None else None
     if decoder is None:

@@ -23,6 +23,7 @@ import torch
 
 from swarm.fabric.membership.authority import CertificateError, authorises, parse
 from swarm.fabric.weights.delta import state_hash
+from swarm.lora import is_lora, policy_state, trainable_parameters
 
 
 @dataclass
@@ -131,7 +132,7 @@ class LearnerTeam:
         return 1 + len(others)
 
     def _start_group(self) -> None:
-        self.group = self.fabric.learner_group(list(self.core.model.parameters()))
+        self.group = self.fabric.learner_group(trainable_parameters(self.core.model))
         if self.events is not None:
             self.events.event("learner_group", peer_id=self.group.peer_id)
 
@@ -161,7 +162,7 @@ class LearnerTeam:
     def _state(self) -> tuple[dict, list[torch.Tensor]]:
         """This learner's weights, AdamW state and version (hivemind's state-serving thread calls it)."""
         with self.lock:
-            params = list(self.core.model.parameters())
+            params = trainable_parameters(self.core.model)
             tensors = []
             for p in params:
                 state = self.core.optimizer.state.get(p, {})
@@ -195,7 +196,7 @@ class LearnerTeam:
         return False
 
     def _load(self, peer: str, metadata: dict, tensors: list[torch.Tensor], *, at_least: int) -> bool:
-        params = list(self.core.model.parameters())
+        params = trainable_parameters(self.core.model)
         try:
             version, digest = int(metadata["version"]), str(metadata["hash"])
             ok_shapes = len(tensors) == 4 * len(params) and all(
@@ -236,6 +237,9 @@ class LearnerTeam:
 
 
 def float32_hash(model) -> str:
-    """The hash of a model's weights in float32 (what learners of one run compare)."""
+    """The hash of a model's weights in float32 (what learners of one run compare): a LoRA run's
+    adapter alone (its base is frozen, and pinned by the run's announcements)."""
+    if is_lora(model):
+        return state_hash({k: v.float() for k, v in policy_state(model, copy=True).items()})
     return state_hash({k: (v.detach().float() if v.is_floating_point() else v.detach()).cpu()
                        for k, v in model.state_dict().items()})

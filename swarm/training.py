@@ -18,6 +18,7 @@ from swarm.config import LossConfig, TrainingSettings, default_of
 from swarm.losses import LOSSES, LossInputs, compute_loss
 from swarm.losses.base import BatchTotals, batch_totals
 from swarm.losses.step_diagnostics import StepDiagnostics
+from swarm.lora import trainable_parameters
 from swarm.rollouts import RolloutGroup, collate
 
 STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in steps
@@ -162,7 +163,7 @@ class LearnerCore:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay, betas=betas,
+        self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=learning_rate, weight_decay=weight_decay, betas=betas,
                                            eps=adam_epsilon)
         self.version = version
         # several learners: called with (gradients, rows, version) after backward, before clipping; returns
@@ -191,7 +192,7 @@ class LearnerCore:
     @classmethod
     def from_settings(cls, model, pad_token_id: int, settings: TrainingSettings, **kwargs) -> "LearnerCore":
         """The learner for a role's training settings (LearnerConfig or TrainerConfig)."""
-        return cls(model, pad_token_id, loss=settings.loss, learning_rate=settings.learning_rate,
+        return cls(model, pad_token_id, loss=settings.loss, learning_rate=settings.effective_learning_rate,
                    lr_warmup_steps=settings.lr_warmup_steps, lr_scheduler_type=settings.lr_scheduler_type,
                    total_steps=settings.steps, max_grad_norm=settings.max_grad_norm,
                    weight_decay=settings.weight_decay, betas=(settings.adam_beta1, settings.adam_beta2),
@@ -203,7 +204,7 @@ class LearnerCore:
         """Hands this step's gradient to `gradient_averager` (see its attribute) and puts the group's
         mean gradient in its place. A non-finite local gradient is sent as no rows: the others' step
         goes on, and this learner takes it too, staying in step."""
-        params = list(self.model.parameters())
+        params = trainable_parameters(self.model)
         grads = [p.grad for p in params]
         finite = math.isfinite(sums.get("loss", 0.0)) and all(g is None or bool(torch.isfinite(g).all()) for g in grads)
         outcome = self.gradient_averager(grads if finite else [None] * len(params), rows if finite else 0, self.version)
@@ -230,10 +231,10 @@ class LearnerCore:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = self._average_with_group(0, {"loss": 0.0})
-        if all(p.grad is None for p in self.model.parameters()):
+        if all(p.grad is None for p in trainable_parameters(self.model)):
             raise NothingToStep("no learner of the group had rollouts this round")
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
+            trainable_parameters(self.model), self.max_grad_norm if self.max_grad_norm > 0 else float("inf"))
         with self.update_lock:
             self.optimizer.step()
             self.version += 1
@@ -302,7 +303,7 @@ class LearnerCore:
         if self.gradient_averager is not None:  # several learners: the group's mean gradient replaces ours
             sums.update(self._average_with_group(totals.rows, sums))
         grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
+            trainable_parameters(self.model), self.max_grad_norm if self.max_grad_norm > 0 else float("inf")
         )
         if not (math.isfinite(sums.get("loss", 0.0)) and math.isfinite(float(grad_norm))):
             # AdamW would write NaN into every parameter, and the next version would carry it

@@ -58,7 +58,7 @@ import torch
 from swarm.config import LearnerConfig, default_of
 from swarm.logprobs import MIN_LOGPROB, completion_logprobs
 from swarm.rollouts import RolloutGroup, collate
-from swarm.tied_weights import load_unique_state
+from swarm.lora import load_policy_state
 
 
 def completion_gaps(claimed: torch.Tensor, recomputed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -147,7 +147,7 @@ class LogprobVerifier:
                 except KeyError:  # dropped meanwhile
                     return "version not held"
                 with self.lock:
-                    load_unique_state(self.model, state)  # published states hold a tied parameter once
+                    load_policy_state(self.model, state)  # a tied parameter once, or a LoRA run's adapter
                     self.loaded = group.version
             gap = self.gap(group)
         finally:

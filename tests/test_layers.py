@@ -81,7 +81,7 @@ def swarm_help(*args: str) -> str:
 def test_learner_help_is_grouped_with_choices_and_trl_names():
     text = swarm_help("learner")
     sections = [line for line in text.splitlines() if line.endswith("options:")]
-    assert sections == ["Swarm options:", "Task options:", "Loss options:", "Optimizer options:", "Training options:", "Generation options:", "Device options:",
+    assert sections == ["Swarm options:", "Task options:", "Loss options:", "Optimizer options:", "Lora options:", "Training options:", "Generation options:", "Device options:",
                         "Evaluation options:", "Output options:", "Other options:"]
     assert "--loss [gepo|grpo|dr_grpo|bnpo|gspo|gmpo|topr|cispo|m2po|decoupled_ppo|tis_mis|opsm]" in text
     assert "--transport [hivemind|grpc]" in text

@@ -120,14 +120,16 @@ def status_command(peers, run_id, transport, insecure, learner_keys, learner_key
     with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
         while True:
             now, members = observer.now(), _members_and_learners(observer, keys)
-            learner_version = _announced_version(observer, keys)
+            announced = _announced(observer, keys)
+            learner_version = None if announced is None else announced.version
+            adapter = _adapter(announced)
             _, rows = status_rows(now, members, learner_version)
             flags = status_flags(now, members, learner_version, args=swarm_args(peers, run_id, transport))
             if as_json:
-                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "peers": rows,
-                                       "flags": flags}))
+                click.echo(json.dumps({"run_id": run_id, "learner_version": learner_version, "adapter": adapter,
+                                       "peers": rows, "flags": flags}))
             else:
-                _print_status(run_id, learner_version, rows)
+                _print_status(run_id, learner_version, rows, adapter)
                 if not keys:
                     click.echo("(no learner version: pass --learner-key, or --learner-key-file RUN_DIR/learner.key, "
                                "to read the version the run's learner announced)")
@@ -164,14 +166,22 @@ def _members_and_learners(observer, keys: list[bytes]) -> list:
     return members
 
 
-def _announced_version(observer, keys: list[bytes]) -> int | None:
-    """The newest version announced under the run's keys `keys` or by a learner they certified
-    (None: no keys, none announced, or the lookup failed: the flags then go by the learners' records)."""
+def _announced(observer, keys: list[bytes]):
+    """The newest announcement under the run's keys `keys` or by a learner they certified (None: no
+    keys, none announced, or the lookup failed: the flags then go by the learners' records)."""
     try:
-        announced = observer.latest_announced(keys) if keys else None
+        return observer.latest_announced(keys) if keys else None
     except (*observer.unreachable_errors(), TimeoutError):
         return None
-    return None if announced is None else announced.version
+
+
+def _adapter(announced) -> dict | None:
+    """A LoRA run's adapter as its announcement names it (None: full fine-tuning, or nothing announced)."""
+    sampling = announced.sampling if announced is not None else None
+    if sampling is None or not sampling.lora_r:
+        return None
+    return {"lora_r": sampling.lora_r, "lora_alpha": sampling.lora_alpha, "target_modules": list(sampling.lora_targets),
+            "base_hash": sampling.base_hash}
 
 
 def _print_flags(flags: list[dict]) -> None:
@@ -205,11 +215,12 @@ def status_rows(now: float, members: list, learner_version: int | None) -> tuple
     return rows_of(now, members, learner_version)
 
 
-def _print_status(run_id: str, learner_version, rows: list[dict]) -> None:
+def _print_status(run_id: str, learner_version, rows: list[dict], adapter: dict | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"run '{run_id}': learner version {learner_version if learner_version is not None else '-'}, "
+    kind = f"LoRA r={adapter['lora_r']} on base {adapter['base_hash'][:12]}, " if adapter else ""
+    table = Table(title=f"run '{run_id}': {kind}learner version {learner_version if learner_version is not None else '-'}, "
                         f"{len(rows)} peer(s)")
     for col in ("role", "peer", "version", "staleness", "rollouts", "tokens/s", "last heartbeat", "last fetch"):
         table.add_column(col)

@@ -11,7 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 
 # The order of the groups of settings, in --help and in the files `swarm config ROLE` prints
-GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "training", "generation", "device", "sampler", "vllm", "staleness",
+GROUP_ORDER = ("swarm", "task", "loss", "optimizer", "lora", "training", "generation", "device", "sampler", "vllm", "staleness",
                "evaluation", "output", "other")
 
 

@@ -141,6 +141,14 @@ class SamplerConfig(SwarmSettings, TaskSettings, DeviceSettings, ReportSettings,
                                                                            "(unset: the model's own context)")
     tensor_parallel_size: int = setting(1, group="vllm", ge=1, help="vllm backend: GPUs one engine spans")
     enforce_eager: bool = setting(False, group="vllm", help="vllm backend: no CUDA graphs (slower; starts faster, less memory)")
+    max_lora_rank: int = setting(0, group="vllm", ge=0, help="vllm backend: serve LoRA runs' adapters up to this rank "
+                                                             "(vLLM's enable_lora and max_lora_rank; 0: full fine-tuning "
+                                                             "runs only: the engine is built before the run is known)")
+    lora_merged: bool = setting(
+        False, group="lora", help="transformers backend, LoRA runs: merge the adapter into the base weights (no adapter "
+                                  "matmuls per token, but each version unmerges and merges every adapted layer, "
+                                  "rounding the base weights in their dtype) instead of running it beside them (a version "
+                                  "swap copies the adapter alone; benchmarks/lora.py measures both)")
     wait_s: float = setting(60.0, group="sampler", gt=0,
                             help="at start-up, give up when no learner has announced a version for this many seconds")
     pickup_delay: str = setting("none", group="sampler",

@@ -376,8 +376,43 @@ class DashboardSettings(Settings):
     dashboard_poll_s: float = setting(1.5, group="output", ge=0.2, help="seconds between the dashboard's readings of the swarm")
 
 
-class TrainingSettings(Settings):
-    """What the learner and the in-process trainer share: loss, optimizer, schedule, batch."""
+LORA_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # Qwen/Llama's linears
+
+
+class LoraSettings(Settings):
+    """LoRA runs (swarm/lora.py): the base model frozen, pinned by its hash in the run's signed
+    announcements, and a version is the adapter alone (Hu et al. 2021, "LoRA: Low-Rank Adaptation of
+    Large Language Models"): W x + (alpha / r) B A x, A (r, in), B (out, r), B starting at zero."""
+
+    lora_r: int = setting(0, group="lora", ge=0, help="LoRA rank r: train a rank-r adapter on the frozen base model, and "
+                                                       "publish only the adapter as a version (0: off, every weight trains)")
+    lora_alpha: float = setting(16.0, group="lora", gt=0, help="LoRA alpha: the adapter's update is scaled by alpha / r")
+    lora_dropout: float = setting(0.0, group="lora", ge=0, lt=1, help="dropout on the adapter's input while training (0: "
+                                                                       "none; samplers never apply it)")
+    lora_target_modules: list[str] = setting(
+        lambda: list(LORA_TARGET_MODULES), group="lora",
+        help="the linear layers that get an adapter, by the last part of their name (repeatable; the default: every "
+             "attention and MLP projection of a Qwen or Llama model)")
+    lora_learning_rate: float = setting(
+        2e-3, group="lora", gt=0,
+        help="AdamW learning rate of a LoRA run, used in place of --learning-rate: an adapter, starting at zero and "
+             "scaled by alpha / r, needs a larger one than full fine-tuning (the embedded demo: 2e-3 against 1e-4)")
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _targets_named(cls, names: list[str]) -> list[str]:
+        if not names or any(not n or not n.replace("_", "").replace(".", "").isalnum() for n in names):
+            raise ValueError(f"--lora-target-modules {names}: give one or more module names such as q_proj and v_proj "
+                             "(letters, digits, _ and .)")
+        return list(dict.fromkeys(names))
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_r > 0
+
+
+class TrainingSettings(LoraSettings):
+    """What the learner and the in-process trainer share: loss, optimizer, schedule, batch, LoRA."""
 
     loss: LossConfig = setting(LossConfig, group="loss", help="the policy loss and its knobs")
     learning_rate: float = setting(1e-4, group="optimizer", aliases=("lr",), gt=0, help="AdamW learning rate")
@@ -414,6 +449,19 @@ class TrainingSettings(Settings):
                                  help="groups more than this many versions behind are dropped (the paper's runs: 64)")
     seed: int = setting(0, group="training", help="random seed: torch's in the learner; the in-process trainer's prompt order "
                                                   "and sampling; the evaluation's sampling")
+
+    @property
+    def effective_learning_rate(self) -> float:
+        """The learning rate the optimizer starts from: --lora-learning-rate in a LoRA run, else --learning-rate."""
+        return self.lora_learning_rate if self.lora_r > 0 else self.learning_rate
+
+    @model_validator(mode="after")
+    def _one_learning_rate(self):
+        default = TrainingSettings.model_fields["learning_rate"].default
+        if self.lora_r > 0 and "learning_rate" in self.model_fields_set and self.learning_rate != default:
+            raise ValueError(f"--learning-rate {self.learning_rate:g} with --lora-r {self.lora_r}: a LoRA run trains at "
+                             "--lora-learning-rate; pass that instead")
+        return self
 
     @field_validator("loss", mode="before")
     @classmethod

@@ -53,7 +53,7 @@ def announcement_fields(announced) -> dict | None:
     sampling = announced.sampling
     return {"version": int(announced.version), "hash": str(announced.hash), "peer_id": str(announced.peer_id),
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-            "max_tokens": sampling.max_tokens}
+            "max_tokens": sampling.max_tokens, "lora_r": sampling.lora_r, "base_hash": sampling.base_hash}
 
 
 def how_reached(row: dict, transport: str) -> dict:

@@ -17,6 +17,12 @@ each shape of call, so prompts are then padded to a multiple of PROMPT_PAD_MULTI
 of one round share a few shapes). A small model is left eager: there its compiles cost more than
 they save (the embedded demo's two samplers had not sampled a group 60 s into a GPU run). On CPU the
 dynamic cache, which compiles nothing.
+
+A LoRA run (swarm/lora.py): `use_adapter` wraps the loaded base model with the run's adapter once,
+and each version then copies the adapter's tensors alone (the base is never reloaded). Merged
+(`merged=True`), the adapter is added into the base weights, so generation runs at the base model's
+speed, and each version is unmerged and merged again; unmerged, every adapted layer runs its two
+small extra matmuls per token, and a version swap only copies the adapter.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ import torch
 
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from swarm.fabric.weights.delta import state_hash
 from swarm.generation.base import Generation, SamplingParams
+from swarm.lora import AdapterSpec, base_state, load_policy_state, set_merged, wrap_as
 from swarm.logprobs import process_logits
 from swarm.model.loading import load_policy
-from swarm.tied_weights import load_unique_state
 
 BATCH_TOKENS = 65536  # rows x (prompt + new tokens) per generate call: the KV cache's bound
 STATIC_CACHE_MIN_PARAMETERS = 100_000_000  # below this, decoding stays eager on CUDA too (module docstring)
@@ -92,6 +99,8 @@ class TransformersBackend:
         if static_cache is None:
             static_cache = self.device.type == "cuda" and sum(p.numel() for p in model.parameters()) >= STATIC_CACHE_MIN_PARAMETERS
         self.static_cache = static_cache
+        self.adapter: AdapterSpec | None = None  # a LoRA run's adapter, once `use_adapter` put it on
+        self.merged = False
 
     @classmethod
     def from_pretrained(cls, model_dir: str, *, device: str = "cpu", dtype: str = "float32", batch_tokens: int = BATCH_TOKENS):
@@ -106,8 +115,23 @@ class TransformersBackend:
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], previous: Mapping[str, torch.Tensor] | None = None) -> None:
         """Copy a whole version into the model (cast to its dtype, on its device); a tied parameter,
-        published once, reaches its aliases through the tie."""
-        load_unique_state(self.model, state_dict)
+        published once, reaches its aliases through the tie. A LoRA run's version: the adapter alone."""
+        load_policy_state(self.model, state_dict)
+
+    def base_hash(self) -> str:
+        """The hash of the base model this backend holds (swarm.lora.base_state: in bfloat16, so a
+        float32 or bfloat16 copy of the run's base matches; a float16 one does not)."""
+        return state_hash(base_state(self.model))
+
+    def use_adapter(self, spec: AdapterSpec, *, merged: bool = False) -> None:
+        """Put a LoRA run's adapter (zero until a version is loaded) on the base model, once."""
+        if self.adapter is not None:
+            if self.adapter != spec:
+                raise RuntimeError(f"this backend holds {self.adapter.describe()}, not {spec.describe()}")
+            return
+        self.model = wrap_as(self.model, spec)
+        set_merged(self.model, merged)
+        self.adapter, self.merged = spec, merged
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], params: SamplingParams) -> list[Generation]:

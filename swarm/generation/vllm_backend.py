@@ -43,7 +43,18 @@ Weight updates take one of two routes, picked by the installed version (`update_
   weights travel as bytes (torch.save of a name -> tensor dict, loaded on the worker with
   weights_only=True).
 
-On both routes the update is checked (`VLLMBackend.load_state_dict`): every parameter's float64 sum,
+LoRA runs (swarm/lora.py) take neither route: the engine is built with `enable_lora=True`,
+`max_lora_rank` (the sampler's --max-lora-rank) and `max_loras=1` (EngineArgs, vllm/engine/arg_utils.py;
+LoRAConfig, vllm/config/lora.py), and each version is written as a PEFT adapter directory
+(adapter_config.json, adapter_model.safetensors: what vllm/lora/peft_helper.py and
+vllm/lora/models.py `from_local_checkpoint` read) and handed to every `LLM.generate` call as
+`lora_request=LoRARequest(name, int_id, path)` (vllm/lora/request.py; the offline example
+examples/offline_inference/multilora_inference.py). vLLM caches adapters by `lora_int_id`, so each
+version gets a new id, and the least recently used one is evicted; the base weights are never
+reloaded. Checked against vLLM 0.10.2-0.11 and 0.33's sources (same LoRARequest fields and LLM
+arguments); not yet run on a GPU by this project.
+
+On both full-weight routes the update is checked (`VLLMBackend.load_state_dict`): every parameter's float64 sum,
 read from every worker, must move by exactly what the published tensors say; a caller that sees
 the check fail loads the whole version again (peers/sampler.py `load_version`).
 """
@@ -54,9 +65,13 @@ import io
 import logging
 import math
 import os
+from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from swarm.generation.base import Generation, SamplingParams
+from swarm.fabric.weights.delta import state_hash
+from swarm.lora import AdapterSpec, adapter_files, base_state
+from swarm.model.loading import load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +230,19 @@ def update_route(version, environ: Mapping[str, str] = os.environ) -> str:
     return ROUTE_WEIGHT_TRANSFER
 
 
+# the ranks vLLM's engine accepts as max_lora_rank (vllm/config/lora.py MaxLoRARanks; 0.10-0.11
+# list 8 to 512, later ones add 1)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that holds adapters of `rank`."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= max(rank, 8)]
+    if not fitting:
+        raise ValueError(f"--max-lora-rank {rank}: vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}")
+    return fitting[0]
+
+
 def _vllm_version():
     try:
         import vllm
@@ -243,13 +271,19 @@ def _processed_logprobs_mode():
 class VLLMBackend:
     name = "vllm"
 
-    partial_updates = True  # the engine takes any subset of the tensors (whole modules on the IPC route)
+    adapter: AdapterSpec | None = None  # a LoRA run's adapter (`use_adapter`)
+    lora_request = None  # the LoRARequest of the version held, in a LoRA run
+
+    @property
+    def partial_updates(self) -> bool:
+        """The engine takes any subset of the tensors (whole modules on the IPC route); an adapter is written whole."""
+        return self.adapter is None
     route = ROUTE_EXTENSION  # set per engine in __init__ (`update_route`)
     tensor_parallel_size = 1
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.85,
                  max_model_len: int | None = None, tensor_parallel_size: int = 1, enforce_eager: bool = False,
-                 seed: int = 0) -> None:
+                 seed: int = 0, max_lora_rank: int = 0) -> None:
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -272,6 +306,9 @@ class VLLMBackend:
             update_args = {"weight_transfer_config": WeightTransferConfig(backend="ipc")}
         else:
             update_args = {"worker_extension_cls": EXTENSION}
+        self.model_dir, self.max_lora_rank, self._lora_ids = model_dir, max_lora_rank, 0
+        if max_lora_rank:  # LoRA runs' adapters, one at a time (each version is one)
+            update_args.update(enable_lora=True, max_lora_rank=engine_lora_rank(max_lora_rank), max_loras=1)
         logger.info("vLLM %s: weights are updated through %s", version or "(dev build)", self.route)
         self.llm = LLM(
             model=model_dir,
@@ -298,12 +335,48 @@ class VLLMBackend:
         # a torch.dtype once the engine's config is resolved (ModelConfig.__post_init__)
         self.dtype = model_config.dtype if isinstance(model_config.dtype, torch.dtype) else None
 
+    def base_hash(self) -> str:
+        """The hash of the base model in `model_dir` (swarm.lora.base_state), read once on the CPU in
+        bfloat16: vLLM's own copy is on the GPU, under its own (fused) names."""
+        model, _ = load_policy(self.model_dir, dtype="bfloat16")
+        try:
+            return state_hash(base_state(model))
+        finally:
+            del model
+
+    def use_adapter(self, spec: AdapterSpec) -> None:
+        """Serve a LoRA run: each version from now on is an adapter (`load_state_dict` writes it out)."""
+        import tempfile
+
+        if not self.max_lora_rank:
+            raise ValueError(f"the run trains {spec.describe()}, but this vLLM engine was built without LoRA: restart "
+                             f"the sampler with --max-lora-rank {spec.r} (or more)")
+        if spec.r > self.max_lora_rank:
+            raise ValueError(f"the run's LoRA rank {spec.r} exceeds this engine's --max-lora-rank {self.max_lora_rank}: "
+                             f"restart the sampler with --max-lora-rank {spec.r}")
+        self.adapter, self.adapter_root = spec, Path(tempfile.mkdtemp(prefix="gepo-lora-"))
+
+    def _load_adapter(self, state_dict: Mapping[str, "object"]) -> None:
+        """A LoRA version: its adapter directory, and a new id (vLLM caches adapters by id)."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1
+        path = adapter_files(state_dict, self.adapter, self.adapter_root / f"adapter-{self._lora_ids}", base_model=self.model_dir)
+        old, self.lora_request = self.lora_request, LoRARequest(f"gepo-{self._lora_ids}", self._lora_ids, str(path))
+        if old is not None:  # vLLM read it when first used; a new id never reads it again
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+
     def load_state_dict(self, state_dict: Mapping[str, "object"], previous: Mapping[str, "object"] | None = None) -> None:
         """Load `state_dict` (all tensors, or only those that changed since `previous`) into the
         running engine. With `previous`, check that the engine really took it: a silent failure to
         update is a known bug of other trainers (TRL #5312). The parameters' float64 sums must move
         by exactly what the new tensors' sums say (in the engine's dtype; garbage in vocabulary
         padding cancels out, and vLLM zero-fills it anyway)."""
+        if self.adapter is not None:
+            self._load_adapter(state_dict)
+            return
         before = self._parameter_sums() if previous is not None else None
         if self.route == ROUTE_WEIGHT_TRANSFER:
             self._send_by_ipc(complete_modules(state_dict, previous) if previous is not None else state_dict)
@@ -397,7 +470,8 @@ class VLLMBackend:
             stop=list(params.stop_strings) or None,
             include_stop_str_in_output=True,
         )
-        outputs = self.llm.generate(list(prompts), sp, use_tqdm=False)  # in prompt order
+        adapter = {"lora_request": self.lora_request} if self.lora_request is not None else {}
+        outputs = self.llm.generate(list(prompts), sp, use_tqdm=False, **adapter)  # in prompt order
         eos = self.tokenizer.eos_token_id
         gens = []
         for out in outputs:

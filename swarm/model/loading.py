@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from swarm.hub import cached_snapshot, hub_offline, hub_unreachable
+from swarm.lora import is_adapter_dir
 from swarm.model.device import resolve_device, resolve_dtype
 from swarm.model.embedded import embedded_model_dir
 
@@ -18,6 +19,8 @@ def resolve_model_dir(model: str | None, *, progress: bool = True) -> str:
         return str(embedded_model_dir(progress=progress))
     path = Path(model).expanduser()
     if path.exists():
+        if is_adapter_dir(path):  # a LoRA run's checkpoint: its adapter, over the base it names
+            return str(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"model directory {path} has no config.json; pass a Hugging Face model directory "
@@ -59,6 +62,8 @@ def load_policy(model: str | None, *, device: str = "cpu", dtype: str = "float32
     device = resolve_device(device)  # "auto" is resolved here for every caller
     dtype = resolve_dtype(dtype, device)
     source = resolve_model_dir(model)
+    if is_adapter_dir(source):
+        return _load_adapted(source, device=device, dtype=dtype)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
@@ -69,3 +74,18 @@ def load_policy(model: str | None, *, device: str = "cpu", dtype: str = "float32
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return policy.to(device), tokenizer
+
+
+def _load_adapted(adapter_dir: str, *, device: str, dtype: str):
+    """A LoRA checkpoint as a policy to generate with: the base model its adapter_config.json names,
+    with the adapter merged into it (no adapter matmuls per token)."""
+    import json
+
+    from peft import PeftModel
+
+    base_name = json.loads((Path(adapter_dir) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base_name:
+        raise FileNotFoundError(f"LoRA adapter {adapter_dir} names no base model (base_model_name_or_path in its "
+                                "adapter_config.json); load its base with --model and the adapter on it")
+    base, tokenizer = load_policy(base_name, device=device, dtype=dtype)
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload(), tokenizer

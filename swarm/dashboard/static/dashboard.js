@@ -83,11 +83,12 @@
       `run ${state.run_id} (${state.transport})`,
       `newest version ${state.newest_version === null ? "-" : state.newest_version}`,
       ann ? `announced by ${short(ann.peer_id)}, hash ${String(ann.hash).slice(0, 12)}, temperature ${ann.temperature}` : "no announcement yet",
+      ann && ann.lora_r ? `LoRA run, r=${ann.lora_r}, base ${String(ann.base_hash).slice(0, 12)}` : (ann ? "full fine-tuning" : ""),
       `${state.peers.length} peer(s)`,
       state.now ? `updated ${clock(state.now)}` : "waiting for the first reading",
     ];
     const summary = document.getElementById("summary");
-    summary.replaceChildren(el("span", {}, parts.join(" \u00b7 ")));
+    summary.replaceChildren(el("span", {}, parts.filter(Boolean).join(" \u00b7 ")));
     summary.appendChild(el("div", {class: "note"}, `announcements counted from ${state.announcements_from}; joined through ${state.joined_through.join(", ")}`));
     const error = document.getElementById("error");
     if (state.error) {

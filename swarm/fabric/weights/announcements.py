@@ -35,6 +35,12 @@ class RunSampling:
     top_p: float = default_of(GenerationSettings, "top_p")
     max_tokens: int = default_of(GenerationSettings, "max_completion_length")  # longest completion
     stop: tuple[str, ...] = ()  # a completion ends with the first of these it writes
+    # a LoRA run (swarm/lora.py): versions are the adapter's tensors, over the base model of this
+    # hash; samplers build the same adapter (rank, alpha, target modules) on it. 0: full fine-tuning
+    lora_r: int = 0
+    lora_alpha: float = 0.0
+    lora_targets: tuple[str, ...] = ()
+    base_hash: str = ""  # state_hash of the base model's state (swarm.lora.base_state): every peer's must match
 
 
 class VersionAnnouncement(BaseModel):
@@ -69,6 +75,12 @@ class VersionAnnouncement(BaseModel):
     # ever read from an announcement signed under the run's keys, like the version itself (a sampler
     # trusts no one else's "run ended"); peers that predate the field ignore it
     ended: StrictBool = False
+    # a LoRA run: the adapter's rank, alpha and target modules, and the frozen base model's hash
+    # (RunSampling's fields of the same names); absent in a full fine-tuning run
+    lora_r: conint(ge=0, le=1 << 16, strict=True) = 0
+    lora_alpha: confloat(ge=0, le=1e6, strict=True) = 0.0
+    lora_targets: conlist(constr(min_length=1, max_length=64, regex=r"^[A-Za-z0-9_.]+$", strict=True), max_items=64) = []
+    base_hash: constr(regex=r"^([0-9a-f]{64})?$", strict=True) = ""
 
     @classmethod
     def of(cls, run_id: str, version: int, digest: str, peer_id: str, now: float, sampling: RunSampling,
@@ -77,7 +89,9 @@ class VersionAnnouncement(BaseModel):
         return cls(certificate=certificate, sharers=list(dict.fromkeys(sharers))[:MAX_ANNOUNCED_SHARERS], run_id=run_id, ended=ended,
                    version=version, hash=digest, peer_id=peer_id, time=float(now),
                    temperature=float(sampling.temperature), top_k=int(sampling.top_k), top_p=float(sampling.top_p),
-                   max_tokens=int(sampling.max_tokens), stop=list(sampling.stop),
+                   max_tokens=int(sampling.max_tokens), stop=list(sampling.stop), lora_r=int(sampling.lora_r),
+                   lora_alpha=float(sampling.lora_alpha), lora_targets=list(sampling.lora_targets),
+                   base_hash=sampling.base_hash,
                    recent=[f"{v}:{h}" for v, h in sorted(recent.items())[-MAX_HOLDS_LISTED:] if v != version],
                    chunks=[spec.token for spec in chunks if spec.version == version][:len(KINDS)])
 
@@ -100,7 +114,8 @@ class VersionAnnouncement(BaseModel):
 
     @property
     def sampling(self) -> RunSampling:
-        return RunSampling(self.temperature, self.top_k, self.top_p, self.max_tokens, tuple(self.stop))
+        return RunSampling(self.temperature, self.top_k, self.top_p, self.max_tokens, tuple(self.stop), self.lora_r,
+                           self.lora_alpha, tuple(self.lora_targets), self.base_hash)
 
 
 def versions_key(run_id: str) -> str:
