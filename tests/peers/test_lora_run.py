@@ -83,8 +83,15 @@ def test_a_lora_run_publishes_adapters_that_samplers_apply_to_the_same_base(boot
     events = read_jsonl(tmp_path / "sampler" / "events.jsonl")
     adapter = next(e for e in events if e["event"] == "adapter")
     assert (adapter["r"], adapter["alpha"], adapter["target_modules"]) == (4, 8.0, ["q_proj", "up_proj", "v_proj"])
-    kinds = [e["kinds"] for e in events if e["event"] == "version_fetched"]
-    assert kinds[0] == ["snapshot"] and any("delta" in k for k in kinds[1:]), kinds
+    fetched = [e for e in events if e["event"] == "version_fetched"]
+    kinds = [e["kinds"] for e in fetched]
+    assert kinds[0] == ["snapshot"], kinds
+    # a sampler one version behind takes the adapter's delta; further behind, the snapshot, since
+    # adapter deltas are nearly as large as the adapter (every element moves each step) and the store
+    # serves a chain only when it is smaller (VersionStore.payloads): which happens depends on the pace
+    later = list(zip(fetched, fetched[1:]))
+    assert all("delta" in b["kinds"] or b["version"] - a["version"] >= 2 for a, b in later), fetched
+    assert later, fetched
     # a version is the adapter alone: a few KB, where the embedded model's whole state is 3.2 MB
     assert all(e["bytes"] < 100_000 for e in events if e["event"] == "version_fetched")
     steps = read_jsonl(tmp_path / "learner" / "steps.jsonl")
