@@ -86,12 +86,11 @@ def test_a_lora_run_publishes_adapters_that_samplers_apply_to_the_same_base(boot
     fetched = [e for e in events if e["event"] == "version_fetched"]
     kinds = [e["kinds"] for e in fetched]
     assert kinds[0] == ["snapshot"], kinds
-    # a sampler one version behind takes the adapter's delta; further behind, the snapshot, since
-    # adapter deltas are nearly as large as the adapter (every element moves each step) and the store
-    # serves a chain only when it is smaller (VersionStore.payloads): which happens depends on the pace
-    later = list(zip(fetched, fetched[1:]))
-    assert all("delta" in b["kinds"] or b["version"] - a["version"] >= 2 for a, b in later), fetched
-    assert later, fetched
+    # later versions come as the adapter's delta or, where that is no smaller (at a LoRA learning rate
+    # every element moves each step: adapter deltas are 0.8-1.0 of the adapter), as its snapshot; the
+    # store serves whichever is smaller (VersionStore.payloads), so which one depends on the pace
+    assert len(fetched) >= 2 and all(k in (["snapshot"], ["delta"]) or set(k) == {"delta"} for k in kinds), kinds
+    assert [e["version"] for e in fetched] == sorted({e["version"] for e in fetched}), fetched
     # a version is the adapter alone: a few KB, where the embedded model's whole state is 3.2 MB
     assert all(e["bytes"] < 100_000 for e in events if e["event"] == "version_fetched")
     steps = read_jsonl(tmp_path / "learner" / "steps.jsonl")
