@@ -40,6 +40,9 @@ from typing import Mapping
 import torch
 import torch.multiprocessing  # noqa: F401  registers the reductions that send tensors as shared-memory handles
 
+from swarm.fabric.weights.delta import encode_delta, state_hash
+from swarm.fabric.weights.undo import UndoDelta, encode_undo
+
 logger = logging.getLogger(__name__)
 
 ALIGN = 64  # bytes: every tensor's view starts on a cache line (and on its element size, as view(dtype) needs)
@@ -107,7 +110,7 @@ class Encoded:
 
     digest: str
     delta: bytes | None  # from the job's base (None: no base)
-    undo: object | None  # UndoDelta from this version back to the base, when asked for
+    undo: UndoDelta | None  # from this version back to the base, when asked for
     seconds: float
 
 
@@ -215,9 +218,6 @@ def serve(conn, nice: int) -> None:
             os.nice(nice)
         except OSError:
             pass
-    from swarm.fabric.weights.delta import encode_delta, state_hash
-    from swarm.fabric.weights.undo import encode_undo
-
     held: tuple[int, str, dict[str, torch.Tensor]] | None = None  # the last state encoded: the next base
     while True:
         try:
@@ -249,5 +249,6 @@ def serve(conn, nice: int) -> None:
             reply = ("error", exc, text)
         try:
             conn.send(reply)
-        except Exception as exc:  # noqa: BLE001  an exception that does not pickle: sent as its text
+        except Exception as exc:  # noqa: BLE001  an exception that does not pickle (pickling fails before anything
+            # is sent): sent as its text
             conn.send(("error", EncoderError(f"{type(reply[1]).__name__}: {reply[1]} ({exc})"), traceback.format_exc()))
