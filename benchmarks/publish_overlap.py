@@ -18,7 +18,7 @@ shared machine affects each alike; the median step time of each mode is reported
   CPU-bound: on a busy 2-core machine the publisher competes for cores rather than for the GIL.
 
 `python -m benchmarks publish_overlap` (GEPO_PUBLISH_OVERLAP_CASES=launch_bound,midsize;
-GEPO_PUBLISH_OVERLAP_BLOCKS=3, GEPO_PUBLISH_OVERLAP_STEPS=4 midsize / 12 launch_bound: blocks per mode, steps a block)
+GEPO_PUBLISH_OVERLAP_BLOCKS=3, GEPO_PUBLISH_OVERLAP_STEPS=4 midsize / 100 launch_bound: blocks per mode, steps a block)
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def _summary(times: dict[str, list[float]], publishers: dict) -> dict:
             "steps_per_second_over_off": {m: round(median["off"] / s, 3) for m, s in median.items()},
             "published": {m: p.published - 1 for m, p in publishers.items()},
             "skipped": {m: len(p.skipped) for m, p in publishers.items()},
-            "publisher_busy_seconds": {m: round(p.busy_seconds, 1) for m, p in publishers.items()}}
+            "publisher_busy_seconds": {m: round(p.busy_seconds, 1) for m, p in publishers.items()},
+            "shared_blocks_reused": publishers["process"].blocks_reused}
 
 
 def launch_bound(blocks: int, per_block: int) -> dict:
@@ -176,7 +177,7 @@ def run() -> dict:
     load_before = os.getloadavg()[0]
     figures: dict = {}
     for case in cases:
-        per_block = int(steps) if steps else {"launch_bound": 12, "midsize": 4}[case]
+        per_block = int(steps) if steps else {"launch_bound": 100, "midsize": 4}[case]
         figures[case] = (launch_bound if case == "launch_bound" else midsize)(blocks, per_block)
     load_after = os.getloadavg()[0]
     figures.update({"load_average": [round(load_before, 2), round(load_after, 2)], "cpus": os.cpu_count(),

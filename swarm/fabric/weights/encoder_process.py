@@ -66,19 +66,16 @@ class SharedState:
     layout: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
 
     @classmethod
-    def allocate(cls, like: Mapping[str, torch.Tensor]) -> "SharedState":
-        """Uninitialised shared memory for tensors of `like`'s names, dtypes and shapes."""
+    def allocate(cls, like: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None) -> "SharedState":
+        """Uninitialised shared memory for tensors of `like`'s names, dtypes and shapes (from `pool`
+        when it has a free block of the size)."""
         layout, offset = [], 0
         for name, t in like.items():
             layout.append((name, t.dtype, tuple(t.shape), offset))
             offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-        try:
-            storage = torch.UntypedStorage._new_shared(max(offset, 1))
-        except RuntimeError as exc:
-            raise RuntimeError(f"no room for a version's {offset / 1e9:.2f} GB in shared memory ({exc}); give /dev/shm more "
-                               "room (docker: --shm-size), or publish from a thread (publish_isolation = \"thread\")") from exc
-        block = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (max(offset, 1),), (1,))
-        return cls(block, tuple(layout))
+        size = max(offset, 1)
+        block = pool.take(size) if pool is not None else None
+        return cls(block if block is not None else new_block(size, pool), tuple(layout))
 
     @property
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -89,12 +86,69 @@ class SharedState:
         return out
 
     @classmethod
-    def copy_of(cls, state: Mapping[str, torch.Tensor]) -> "SharedState":
+    def copy_of(cls, state: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None) -> "SharedState":
         """A shared copy of CPU tensors (the copies release the GIL)."""
-        shared = cls.allocate(state)
+        shared = cls.allocate(state, pool)
         for name, view in shared.tensors.items():
             view.copy_(state[name])
         return shared
+
+
+def new_block(size: int, pool: "BlockPool | None" = None) -> torch.Tensor:
+    """`size` bytes of shared memory (kept by `pool` for reuse, when given)."""
+    try:
+        storage = torch.UntypedStorage._new_shared(size)
+    except RuntimeError as exc:
+        raise RuntimeError(f"no room for a version's {size / 1e9:.2f} GB in shared memory ({exc}); give /dev/shm more "
+                           "room (docker: --shm-size), or publish from a thread (publish_isolation = \"thread\")") from exc
+    block = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,))
+    del storage  # (the block alone holds it: the pool's count of a free block)
+    if pool is not None:
+        pool.keep(block)
+    return block
+
+
+def _use_count(block: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(block.untyped_storage()._cdata)
+
+
+class BlockPool:
+    """Blocks of shared memory reused once nothing but the pool refers to them: a version's block is
+    free again once the store stopped holding it whole (and the child, which reads only its base and
+    the version it encodes, moved on before the store did). Fresh shared memory costs a page fault
+    per 4 KiB page on its first write (1.2 GB: ~300,000, with the kernel zeroing each), every
+    version; a reused block costs only the copy. `most`: blocks kept (a learner has two or three in
+    use: the newest whole state, the version being encoded, one a verifier is reading)."""
+
+    def __init__(self, most: int = 4) -> None:
+        self.most = most
+        self._blocks: list[tuple[torch.Tensor, int]] = []  # (block, its use count when only the pool holds it)
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    def take(self, size: int) -> torch.Tensor | None:
+        """A free block of `size` bytes, or None. Free blocks of other sizes are let go."""
+        if not hasattr(torch._C, "_storage_Use_Count"):
+            return None
+        with self._lock:
+            found, kept = None, []
+            for block, alone in self._blocks:
+                free = _use_count(block) == alone
+                if free and found is None and block.numel() == size:
+                    found = block
+                elif free and block.numel() != size:
+                    continue  # another model's shapes: let go
+                kept.append((block, alone))
+            self._blocks = kept
+            self.reused += found is not None
+            return found
+
+    def keep(self, block: torch.Tensor) -> None:
+        if not hasattr(torch._C, "_storage_Use_Count"):
+            return
+        with self._lock:
+            if len(self._blocks) < self.most:
+                self._blocks.append((block, _use_count(block)))
 
 
 def _numel(shape: tuple[int, ...]) -> int:

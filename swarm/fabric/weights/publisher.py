@@ -41,7 +41,7 @@ from typing import Callable, Literal, Mapping
 
 import torch
 
-from swarm.fabric.weights.encoder_process import EncoderProcess, SharedState
+from swarm.fabric.weights.encoder_process import BlockPool, EncoderProcess, SharedState
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ class OnDevice:
         self.state = {}  # the device copies are freed once the copies are done
         return host
 
-    def to_shared(self) -> SharedState:
+    def to_shared(self, pool: BlockPool | None = None) -> SharedState:
         """The tensors copied straight into one block of shared memory (for an encoding process), on
         a stream of this thread's own as `on_host` does."""
-        shared = SharedState.allocate(self.state)
+        shared = SharedState.allocate(self.state, pool)
         stream = torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream):
             stream.wait_event(self.ready)
@@ -114,6 +114,7 @@ class Publisher:
         self.nice, self.encode_delay_s, self.isolation = nice, encode_delay_s, isolation
         # started first: the child imports torch and the codec while the caller gets its first version ready
         self._encoder = EncoderProcess(nice=nice, name=f"{name}-encoder") if isolation == "process" else None
+        self._blocks = BlockPool()  # the shared memory of versions the store no longer holds whole, reused
         self._cond = threading.Condition()
         self._waiting: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._busy = False
@@ -173,6 +174,11 @@ class Publisher:
         return self._error
 
     @property
+    def blocks_reused(self) -> int:
+        """How many versions were copied into shared memory an earlier version had (isolation "process")."""
+        return self._blocks.reused
+
+    @property
     def encoder_pid(self) -> int | None:
         """The encoding process's id (isolation "process"), else None."""
         return None if self._encoder is None else self._encoder.pid
@@ -225,7 +231,7 @@ class Publisher:
     def _publish(self, version: int, state) -> str:
         started = time.perf_counter()
         if self._encoder is not None:  # (the delay is the encoding process's)
-            state = state.to_shared() if isinstance(state, OnDevice) else SharedState.copy_of(state)
+            state = state.to_shared(self._blocks) if isinstance(state, OnDevice) else SharedState.copy_of(state, self._blocks)
         else:
             state = state.on_host() if isinstance(state, OnDevice) else state
             if self.encode_delay_s:

@@ -58,6 +58,7 @@ def test_the_encoding_process_publishes_what_the_store_would_encode_byte_for_byt
     assert store.deltas == reference.deltas and store.bases == reference.bases  # byte-identical deltas, across the gaps
     assert store._undo == reference._undo  # byte-identical undo deltas
     assert store.bases[11] == 10
+    assert publisher.blocks_reused >= 2  # shared memory of versions no longer whole, written again: no version harmed
     for version in store.hashes:  # every held version rebuilds from the shared-memory whole state
         assert state_hash(store.states[version]) == store.hashes[version]
     version, state, digest, kind = apply_payload_verified(store.deltas[11], trained[10])
