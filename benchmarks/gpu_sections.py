@@ -393,7 +393,7 @@ def publish(run: Run) -> dict:
     training thread's kernel launches): the training thread casts the weights to bf16 where they are once
     a step and goes on while the publisher takes them to the host, encodes, hashes and holds the version
     as the learner's VersionStore does. Modes alternate in blocks; the publisher finishes its last
-    version between blocks (not counted)."""
+    version between blocks (not counted); a block that would not fit the section's budget is not begun."""
     from swarm.fabric.weights.publisher import Publisher
     from swarm.fabric.weights.versions import VersionStore
     from swarm.tied_weights import unique_state
@@ -416,7 +416,9 @@ def publish(run: Run) -> dict:
         core.step(groups)  # warm-up: AdamW's state
         times: dict[str, list[float]] = {"off": [], "thread": [], "process": []}
         snapshot_s: dict[str, list[float]] = {"thread": [], "process": []}
+        blocks_run = 0
         for _ in range(blocks):
+            block_started = time.perf_counter()
             for mode in times:
                 for _ in range(per_block):
                     sync(run.device)
@@ -432,13 +434,16 @@ def publish(run: Run) -> dict:
                 if mode != "off":
                     publishers[mode].wait()
             run.say("steps " + ", ".join(f"{mode} {t[-1]:.2f} s" for mode, t in times.items()))
+            blocks_run += 1
+            if run.left() < 1.2 * (time.perf_counter() - block_started) + 5:  # another block would not fit the budget
+                break
     finally:
         for publisher in publishers.values():
             publisher.close()
     median = {mode: sorted(t)[len(t) // 2] for mode, t in times.items()}
     modes = list(publishers)
     return {"parameters": sum(p.numel() for p in model.parameters()), "tokens_per_step": shape.rows * (shape.prompt_tokens + shape.new_tokens),
-            "blocks": blocks, "steps_per_block": per_block, "first_version_s": first_s,  # process: with the child's start
+            "blocks": blocks_run, "steps_per_block": per_block, "first_version_s": first_s,  # process: with the child's start
             "median_step_s": median, "thread_over_off": median["off"] / median["thread"],
             "process_over_off": median["off"] / median["process"],
             "snapshot_and_submit_s_median": {m: sorted(snapshot_s[m])[len(snapshot_s[m]) // 2] for m in modes},

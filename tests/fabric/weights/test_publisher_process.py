@@ -143,3 +143,18 @@ def test_states_on_the_gpu_are_published_through_shared_memory_as_the_same_versi
     finally:
         publisher.close()
     assert gone(pid)
+
+
+def test_the_store_takes_a_precomputed_undo_delta_only_where_it_pairs_the_versions_it_demotes():
+    trained = list(states(3, seed=7))
+    reference = VersionStore(capacity=4, whole_states=1)
+    for version, state in enumerate(trained):
+        reference.add(version, state)
+    wrong = reference._undo[0]  # 1 -> 0: handed over as if it took 2 back to 1
+    store = VersionStore(capacity=4, whole_states=1)
+    store.add(0, trained[0])
+    store.add(1, trained[1], undo={0: reference._undo[0]})
+    assert store._undo[0] is reference._undo[0]  # used as given: it pairs 1 -> 0
+    store.add(2, trained[2], undo={1: wrong})
+    assert store._undo[1] == reference._undo[1] and store._undo[1] is not wrong  # not paired: encoded here
+    assert state_hash(store.state(0)) == store.hashes[0]
