@@ -11,7 +11,9 @@ shared machine affects each alike; the median step time of each mode is reported
   version of a large bf16 state (GEPO_PUBLISH_OVERLAP_ELEMENTS, 150 M elements in 8 tensors, ~4% of
   its elements moved a version). A publisher thread's Python-level codec work holds the GIL the loop
   needs (CPython hands it over only every sys.getswitchinterval(), 5 ms); an encoding process shares
-  no GIL with it. Both publishers run niced, so the cores they take matter less than the GIL.
+  no GIL with it. The training thread is pinned to one CPU and the publishers (their threads, the
+  codec's workers, the encoding process) to the others (GEPO_PUBLISH_OVERLAP_PIN=0: not), as on a
+  GPU learner whose publisher has idle cores: what is left is the GIL (and memory bandwidth).
 - **midsize**: the mid-size model (swarm/model/midsize.py, ~50 M parameters, float32 master
   weights, published in bfloat16) steps on a fixed batch of random tokens (forward, backward, AdamW
   at lr 1e-6), with also "inline" (the old way: every version encoded in the training loop).
@@ -100,6 +102,12 @@ def launch_bound(blocks: int, per_block: int) -> dict:
             y = y + 0.0001
 
     publishers = _publishers(lambda: VersionStore(capacity=65, whole_states=1, cached_states=1, delta_budget=0.5), base)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+    pinned = os.environ.get("GEPO_PUBLISH_OVERLAP_PIN", "1") == "1" and len(cpus) >= 2
+    if pinned:  # the training thread on one CPU, the publishers (threads they start inherit it) on the others
+        os.sched_setaffinity(publishers["thread"]._thread.native_id, cpus[1:])
+        os.sched_setaffinity(publishers["process"].encoder_pid, cpus[1:])
+        os.sched_setaffinity(0, cpus[:1])  # (Linux: this thread only)
 
     def publish(mode: str, version: int | None) -> None:
         if mode == "off":
@@ -116,8 +124,10 @@ def launch_bound(blocks: int, per_block: int) -> dict:
         for publisher in publishers.values():
             publisher.close()
         torch.set_num_threads(threads)
+        if pinned:
+            os.sched_setaffinity(0, cpus)
     return {"ops_per_step": ops, "state_elements": per_tensor * 8, "blocks": blocks, "steps_per_block": per_block,
-            **_summary(times, publishers)}
+            "training_pinned_to_cpu": cpus[0] if pinned else None, **_summary(times, publishers)}
 
 
 def midsize(blocks: int, per_block: int) -> dict:
