@@ -11,8 +11,9 @@ memory is recorded, with its error, and the others still run; GPU memory peaks a
   gradient checkpointing off and on;
 - delta: encode (both hashes included) and apply+verify of the bf16 delta after one AdamW step at
   lr 1e-6, and the snapshot, at that shape;
-- publish: learner steps/s at that shape with the background publisher on, against off (the
-  training thread only copies the weights to the host; encoding and hashing run beside the next step);
+- publish: learner steps/s at that shape with the background publisher on, its encoding in a thread
+  and in a process of its own, against off (the training thread only casts the weights where they
+  are; copying to the host, encoding and hashing run beside the next step);
 - verification_gap: the honest gap (swarm.verification.completion_gaps) between bf16 and fp16
   samplers' log-probs and the learner's float32 recompute, over >= 1,000 completions of 256 tokens;
 - vllm_sampler: the vLLM backend at that shape: tokens/s, an in-place update with its exactness
@@ -113,8 +114,8 @@ def _headline(name: str, r: dict) -> str:
         return (f"delta {r['delta_bytes'] / 2**20:.1f} MiB ({r['delta_fraction']:.2%} of the snapshot); encode "
                 f"{r['encode_s']:.2f} s, apply+verify {r['apply_verify_s']:.2f} s")
     if name == "publish":
-        return (f"steps/s with the background publisher {r['background_over_off']:.3f}x off (goal {r['goal']}); "
-                f"{r['published']} published, {r['versions_skipped']} skipped")
+        return (f"steps/s publishing from a thread {r['thread_over_off']:.3f}x off, from a process "
+                f"{r['process_over_off']:.3f}x (goal {r['goal']}); published {r['published']}, skipped {r['versions_skipped']}")
     if name == "verification_gap":
         return "; ".join(f"{d}: {v['completions']} completions, max {v['gap_max']:.3g}, p99.9 {v['gap_p999']:.3g}"
                          for d, v in r["by_sampler_dtype"].items())

@@ -335,7 +335,8 @@ class Learner(Peer):
         # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
         # encodes, hashes and announces versions while the next step trains (closed after the pulse)
-        self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing))
+        self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing,
+                                             isolation=config.publish_isolation))
         self.publish(now=True)
         # announcements and the membership record on their own schedule: a step longer than a record's
         # life (any real LLM's) no longer takes the learner out of the listing

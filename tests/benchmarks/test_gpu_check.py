@@ -58,8 +58,11 @@ def test_small_gpu_check_runs_every_section_on_cpu(tmp_path):
     assert set(sections["verification_gap"]["by_sampler_dtype"]) == {"bfloat16", "float16"}
 
     publish = sections["publish"]
-    assert publish["published"] >= 2 and positive(publish["background_over_off"]) and positive(publish["first_version_s"])
-    assert set(publish["median_step_s"]) == {"off", "background"} and all(map(positive, publish["median_step_s"].values()))
+    assert set(publish["median_step_s"]) == {"off", "thread", "process"} and all(map(positive, publish["median_step_s"].values()))
+    assert positive(publish["thread_over_off"]) and positive(publish["process_over_off"])
+    for mode in ("thread", "process"):  # the first version, and at least one a block (the last is waited for)
+        assert publish["published"][mode] >= 1 and positive(publish["first_version_s"][mode]), mode
+        assert positive(publish["snapshot_and_submit_s_median"][mode]), mode
 
     vllm = sections["vllm_sampler"]
     assert "CUDA" in vllm["skipped"]  # the model directory it would serve is still built and loaded back

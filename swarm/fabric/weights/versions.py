@@ -191,12 +191,16 @@ class VersionStore:
             return next(reversed(self.hashes)) if self.hashes else None
 
     def add(self, version: int, state: Mapping[str, torch.Tensor], delta: bytes | None = None, *,
-            digest: str | None = None, snapshot: bytes | None = None, owned: bool = False, base: int | None = None) -> str:
+            digest: str | None = None, snapshot: bytes | None = None, owned: bool = False, base: int | None = None,
+            undo: Mapping[int, UndoDelta] | None = None) -> str:
         """Hold `state` as `version`, newer than any held (computing the delta from the newest held
         version when none is given). A receiver passes what it has verified already: the `delta` it
         applied and the version it applied it to (`base`; default version - 1), the `digest`, the
         `snapshot` payload it received (served on as is), and `owned=True` when nothing else refers
-        to `state` (no copy is made). The encoding runs outside the lock: one thread adds."""
+        to `state` (no copy is made). `undo`: undo deltas encoded elsewhere (a publisher's encoding
+        process), by version; one is used only where this add demotes that version and it joins the
+        same versions and hashes as the one encoded here would, and any other demoted version is
+        encoded here. The encoding runs outside the lock: one thread adds."""
         if not owned:
             state = {k: v.detach().cpu().clone() for k, v in state.items()}
         digest = digest or state_hash(state)
@@ -213,12 +217,17 @@ class VersionStore:
                                        new_hash=digest), latest
         elif delta is not None and base is None:
             base = version - 1
-        undo = {}
+        given, undo = undo or {}, {}
         if self.whole_states is not None:  # the whole states that stop being whole: each as an undo delta from the next
             kept = (whole + [version])[-self.whole_states:]
             ladder = whole + [version]
             for older, newer in zip(ladder, ladder[1:]):
                 if older not in kept and older in self.hashes:
+                    entry = given.get(older)
+                    if entry is not None and (entry.version, entry.version_hash, entry.newer, entry.newer_hash) == (
+                            older, known[older], newer, known[newer]):
+                        undo[older] = entry
+                        continue
                     newer_state = state if newer == version else self._whole[newer]
                     undo[older] = encode_undo(newer_state, self._whole[older], newer=newer, newer_hash=known[newer],
                                               version=older, version_hash=known[older])

@@ -1,0 +1,160 @@
+"""The publisher whose encoding runs in a process of its own (isolation="process"): the versions it
+publishes are the ones the in-process store would encode, byte for byte (hashes, deltas across
+skipped versions, undo deltas); a child that dies or raises fails the publisher with nothing half
+published; close() leaves no process behind. Real spawned processes and shared memory."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from swarm.fabric.weights.delta import apply_payload_verified, state_hash
+from swarm.fabric.weights.publisher import Publisher, PublisherFailed
+from swarm.fabric.weights.versions import VersionStore
+from tests.fabric.weights.test_held_versions import states
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_encoding_process_publishes_what_the_store_would_encode_byte_for_byte_across_skips():
+    store = VersionStore(capacity=16, whole_states=1)
+    published, encoding = [], []
+    publisher = Publisher(store, on_published=lambda v, d: published.append((v, d)), encode_delay_s=0.15,
+                          on_encoding=lambda v, base: encoding.append((v, base)), isolation="process")
+    pid = publisher.encoder_pid
+    trained = list(states(12, seed=5))
+    try:
+        publisher.publish_now(0, {k: v.clone() for k, v in trained[0].items()})
+        for version in range(1, 10):  # steps faster than the encoding: some versions are skipped
+            publisher.submit(version, {k: v.clone() for k, v in trained[version].items()})
+            time.sleep(0.03)
+        assert publisher.wait(timeout=60)
+        # a version added to the store by other means (a learner that downloaded the run's state): the
+        # child is sent it as the base of the next delta
+        store.add(10, trained[10])
+        publisher.submit(11, {k: v.clone() for k, v in trained[11].items()})
+        assert publisher.wait(timeout=60)
+    finally:
+        publisher.close()
+    assert gone(pid)
+    versions = [v for v, _ in published]
+    assert publisher.skipped and versions == sorted(versions) and versions[-1] == 11
+    assert len(versions) + len(publisher.skipped) == 11  # 0..9 and 11 published or skipped, once each
+    assert [v for v, _ in encoding] == versions and encoding[0] == (0, None)
+    assert [base for _, base in encoding] == [None, *versions[:-2], 10]  # each encoded from the newest held
+    # the store a thread publisher fills (store.add encodes everything in this process), same versions in order
+    reference = VersionStore(capacity=16, whole_states=1)
+    for version in sorted(store.hashes):
+        reference.add(version, trained[version])
+    assert store.hashes == reference.hashes and all(store.hashes[v] == state_hash(trained[v]) for v in store.hashes)
+    assert store.deltas == reference.deltas and store.bases == reference.bases  # byte-identical deltas, across the gaps
+    assert store._undo == reference._undo  # byte-identical undo deltas
+    assert store.bases[11] == 10
+    assert publisher.blocks_reused >= 2  # shared memory of versions no longer whole, written again: no version harmed
+    for version in store.hashes:  # every held version rebuilds from the shared-memory whole state
+        assert state_hash(store.states[version]) == store.hashes[version]
+    version, state, digest, kind = apply_payload_verified(store.deltas[11], trained[10])
+    assert (version, kind, digest) == (11, "delta", store.hashes[11])
+
+
+def test_a_child_killed_mid_version_fails_the_publisher_and_nothing_is_half_published():
+    store = VersionStore(capacity=4, whole_states=1)
+    published = []
+    gen = states(3, seed=6)
+    publisher = Publisher(store, on_published=lambda v, d: published.append(v), encode_delay_s=1.0, isolation="process")
+    pid = publisher.encoder_pid
+    try:
+        publisher.publish_now(0, next(gen))
+        publisher.submit(1, next(gen))
+        time.sleep(0.4)  # version 1 is with the child (it sleeps 1 s before encoding)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(PublisherFailed, match=rf"encoding process \(pid {pid}\) was killed by SIGKILL .*version 1"):
+            publisher.wait(timeout=30)
+        with pytest.raises(PublisherFailed, match="SIGKILL"):
+            publisher.submit(2, next(gen))
+        assert published == [0] and store.latest == 0 and list(store.hashes) == [0] and not store.deltas
+    finally:
+        publisher.close()
+    assert gone(pid)
+
+
+def test_an_exception_in_the_child_reaches_the_training_thread_and_close_finishes_the_version_under_way():
+    store = VersionStore(capacity=4, whole_states=1)
+    first = next(states(1))
+    publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
+    pid = publisher.encoder_pid
+    try:
+        publisher.publish_now(0, first)
+        publisher.submit(1, {"embed": first["embed"]})  # other tensor names than version 0: no delta can be encoded
+        with pytest.raises(PublisherFailed, match="ValueError: tensor names differ"):
+            publisher.wait(timeout=30)
+        assert store.latest == 0
+    finally:
+        publisher.close()
+    assert gone(pid)
+
+    store = VersionStore(capacity=8, whole_states=1)
+    published = []
+    publisher = Publisher(store, on_published=lambda v, d: published.append(v), encode_delay_s=0.5, isolation="process")
+    pid = publisher.encoder_pid
+    gen = states(3)
+    publisher.publish_now(0, next(gen))
+    publisher.submit(1, next(gen))
+    time.sleep(0.1)  # version 1 is under way
+    publisher.submit(2, next(gen))  # waits, and is dropped
+    publisher.close()
+    assert published == [0, 1] and store.latest == 1 and gone(pid)
+    with pytest.raises(PublisherFailed, match="closed"):
+        publisher.submit(3, {})
+
+
+def test_an_unknown_isolation_is_refused():
+    with pytest.raises(ValueError, match="isolation must be one of thread, process, not 'fork'"):
+        Publisher(VersionStore(), on_published=lambda v, d: None, isolation="fork")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_states_on_the_gpu_are_published_through_shared_memory_as_the_same_versions():
+    """CUDA states are copied by the publisher's thread straight into shared memory, on a stream of
+    its own after the kernels that made them, while the training thread goes on writing the weights."""
+    store = VersionStore(capacity=4, whole_states=1)
+    publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
+    pid = publisher.encoder_pid
+    trained = list(states(3, seed=3))
+    try:
+        for version, state in enumerate(trained):
+            weights = {k: v.cuda() for k, v in state.items()}
+            publisher.submit(version, {k: v.clone() for k, v in weights.items()})
+            for v in weights.values():
+                v.add_(1)  # the next step, on the default stream
+            assert publisher.wait(timeout=60)
+            assert store.hashes[version] == state_hash(state)
+        version, state, digest, kind = apply_payload_verified(store.deltas[2], trained[1])
+        assert (version, kind, digest) == (2, "delta", store.hashes[2])
+    finally:
+        publisher.close()
+    assert gone(pid)
+
+
+def test_the_store_takes_a_precomputed_undo_delta_only_where_it_pairs_the_versions_it_demotes():
+    trained = list(states(3, seed=7))
+    reference = VersionStore(capacity=4, whole_states=1)
+    for version, state in enumerate(trained):
+        reference.add(version, state)
+    wrong = reference._undo[0]  # 1 -> 0: handed over as if it took 2 back to 1
+    store = VersionStore(capacity=4, whole_states=1)
+    store.add(0, trained[0])
+    store.add(1, trained[1], undo={0: reference._undo[0]})
+    assert store._undo[0] is reference._undo[0]  # used as given: it pairs 1 -> 0
+    store.add(2, trained[2], undo={1: wrong})
+    assert store._undo[1] == reference._undo[1] and store._undo[1] is not wrong  # not paired: encoded here
+    assert state_hash(store.state(0)) == store.hashes[0]
