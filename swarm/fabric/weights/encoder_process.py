@@ -94,13 +94,32 @@ class SharedState:
         return shared
 
 
+class NoSharedMemory(RuntimeError):
+    """/dev/shm has no room for a version (the publisher then encodes in its thread)."""
+
+
+def shared_memory_free(path: str = "/dev/shm") -> int | None:
+    """Bytes free in the shared-memory file system; None where it cannot be read."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
 def new_block(size: int, pool: "BlockPool | None" = None) -> torch.Tensor:
-    """`size` bytes of shared memory (kept by `pool` for reuse, when given)."""
+    """`size` bytes of shared memory (kept by `pool` for reuse, when given). NoSharedMemory where
+    /dev/shm has less room: checked first, since a tmpfs takes a file larger than its room and the
+    writes past it kill the process with SIGBUS (Docker's default /dev/shm is 64 MB)."""
+    free = shared_memory_free()
+    if free is not None and free < size:
+        raise NoSharedMemory(f"no room for a version's {size / 1e9:.2f} GB in shared memory (/dev/shm has "
+                             f"{free / 1e9:.2f} GB free); give /dev/shm more room (docker: --shm-size)")
     try:
         storage = torch.UntypedStorage._new_shared(size)
     except RuntimeError as exc:
-        raise RuntimeError(f"no room for a version's {size / 1e9:.2f} GB in shared memory ({exc}); give /dev/shm more "
-                           "room (docker: --shm-size), or publish from a thread (publish_isolation = \"thread\")") from exc
+        raise NoSharedMemory(f"no room for a version's {size / 1e9:.2f} GB in shared memory ({exc}); give /dev/shm more "
+                             "room (docker: --shm-size)") from exc
     block = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (size,), (1,))
     del storage  # (the block alone holds it: the pool's count of a free block)
     if pool is not None:

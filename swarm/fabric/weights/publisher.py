@@ -41,7 +41,7 @@ from typing import Callable, Literal, Mapping
 
 import torch
 
-from swarm.fabric.weights.encoder_process import BlockPool, EncoderProcess, SharedState
+from swarm.fabric.weights.encoder_process import BlockPool, EncoderProcess, NoSharedMemory, SharedState
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +231,13 @@ class Publisher:
     def _publish(self, version: int, state) -> str:
         started = time.perf_counter()
         if self._encoder is not None:  # (the delay is the encoding process's)
-            state = state.to_shared(self._blocks) if isinstance(state, OnDevice) else SharedState.copy_of(state, self._blocks)
-        else:
+            try:
+                state = state.to_shared(self._blocks) if isinstance(state, OnDevice) else SharedState.copy_of(state, self._blocks)
+            except NoSharedMemory as exc:  # a small /dev/shm (a container's): encode here, as the thread mode does
+                logger.warning("%s; publishing from a thread of the learner instead (publish_isolation = \"thread\")", exc)
+                self._encoder.stop()
+                self._encoder, self.isolation = None, "thread"
+        if self._encoder is None:
             state = state.on_host() if isinstance(state, OnDevice) else state
             if self.encode_delay_s:
                 time.sleep(self.encode_delay_s)

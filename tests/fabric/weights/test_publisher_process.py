@@ -4,8 +4,12 @@ skipped versions, undo deltas); a child that dies or raises fails the publisher 
 published; close() leaves no process behind. Real spawned processes and shared memory."""
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,8 @@ from swarm.fabric.weights.delta import apply_payload_verified, state_hash
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_held_versions import states
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def gone(pid: int) -> bool:
@@ -158,3 +164,38 @@ def test_the_store_takes_a_precomputed_undo_delta_only_where_it_pairs_the_versio
     store.add(2, trained[2], undo={1: wrong})
     assert store._undo[1] == reference._undo[1] and store._undo[1] is not wrong  # not paired: encoded here
     assert state_hash(store.state(0)) == store.hashes[0]
+
+
+SMALL_SHM_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+from swarm.fabric.weights.delta import state_hash
+from swarm.fabric.weights.publisher import Publisher
+from swarm.fabric.weights.versions import VersionStore
+from tests.fabric.weights.test_held_versions import states
+store = VersionStore(capacity=4, whole_states=1)
+publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
+try:
+    for version, state in enumerate(states(3, seed=2)):
+        publisher.submit(version, {k: v.clone() for k, v in state.items()})
+        publisher.wait(timeout=120)
+        assert store.hashes[version] == state_hash(state), version
+    print("ISOLATION", publisher.isolation, "ENCODER", publisher.encoder_pid)
+finally:
+    publisher.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a mount namespace")
+def test_a_shared_memory_too_small_for_a_version_falls_back_to_the_thread_with_a_warning(tmp_path):
+    """A container's /dev/shm (Docker's default is 64 MB) has no room for a version: a real 64 KB tmpfs
+    mounted over /dev/shm in a mount namespace of the test's own. The publisher says so and encodes in
+    its thread (a tmpfs takes a file larger than its room, and writes past it would SIGBUS the learner)."""
+    script = tmp_path / "small_shm.py"
+    script.write_text(SMALL_SHM_SCRIPT)
+    out = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          f"mount -t tmpfs -o size=64k tmpfs /dev/shm && exec {sys.executable} {script}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    assert "no room for a version" in out.stdout and "publishing from a thread" in out.stdout, out.stdout[-2000:]
+    assert "ISOLATION thread ENCODER None" in out.stdout, out.stdout[-2000:]
