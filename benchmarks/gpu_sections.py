@@ -74,7 +74,7 @@ class Size:
 FULL = Size("full", QWEN3_0_6B, sampler=Shape(16, 8, 128, 256), learner=Shape(4, 8, 128, 1024), micro_batches=(1, 2, 4),
             delta_step=Shape(2, 4, 64, 128), gap=Shape(128, 8, 32, 256), gap_rows_per_call=512, vllm=Shape(16, 8, 128, 256),
             publish=(Shape(4, 8, 128, 1024), 2, 3), demo=("--steps", "5", "--groups-per-step", "16", "--eval-problems", "50"),
-            budgets=dict(demo=120, sampler=90, learner=55, delta=45, verification_gap=70, publish=60, vllm_sampler=120),
+            budgets=dict(demo=120, sampler=90, learner=55, delta=45, verification_gap=110, publish=60, vllm_sampler=120),
             total_s=480)
 SMALL = Size("small", TINY, sampler=Shape(2, 2, 8, 8), learner=Shape(4, 2, 8, 16), micro_batches=(1, 2, 4),
              delta_step=Shape(2, 2, 8, 8), gap=Shape(3, 2, 8, 8), gap_rows_per_call=4, vllm=Shape(2, 2, 8, 8),
