@@ -63,7 +63,7 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("frame, reason", BAD, ids=[reason for _, reason in BAD])  # frames hold fresh uuids and times: ids from the reasons, the same in every xdist worker
+@pytest.mark.parametrize("frame, reason", BAD, ids=[str(reason) for _, reason in BAD])  # frames hold fresh uuids and times: ids from the reasons, the same in every xdist worker
 def test_wire_validation_names_the_problem(frame, reason):
     if reason is None:
         decode_group(frame, vocab_size=VOCAB, learner_version=5, max_staleness=64)
