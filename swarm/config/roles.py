@@ -83,11 +83,13 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
         None, group="swarm", help="join the run as one more learner: the run owner's certificate for this learner's key "
                                   "(`swarm authorize` prints it; the token or a file holding it). Unset: this learner "
                                   "owns the run, and its key is the one samplers pin")
-    publish_isolation: Literal["process", "thread"] = setting(
-        "process", group="swarm", help="where each version's hash, delta and undo delta are encoded: process (a process of "
-                                       "its own, the state passed through shared memory: the encoding never holds the GIL "
-                                       "the training thread needs for its GPU kernel launches) or thread (in the learner's "
-                                       "process: no shared memory, /dev/shm needs no room for a few versions)")
+    publish_isolation: Literal["auto", "process", "thread"] = setting(
+        "auto", group="swarm", help="where each version's hash, delta and undo delta are encoded: process (a process of "
+                                    "its own, the state passed through shared memory: the encoding never holds the GIL "
+                                    "the training thread needs for its GPU kernel launches), thread (in the learner's "
+                                    "process: no shared memory, /dev/shm needs no room for a few versions, no child "
+                                    "to start), or auto: process where the learner trains on a GPU, else thread (on a "
+                                    "CPU, training's own ops release the GIL and the cores are what is shared)")
     averaging_timeout_s: float = setting(
         30.0, group="swarm", gt=0, help="several learners: how long a step waits for the others' gradients before it "
                                         "steps alone (those left out then download the state and catch up)")
