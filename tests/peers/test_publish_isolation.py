@@ -7,7 +7,7 @@ from swarm.config import LearnerConfig
 
 
 def test_auto_encodes_in_a_process_for_a_gpu_learner_and_in_the_thread_for_a_cpu_learner():
-    assert LearnerConfig().publish_isolation == "auto"
+    assert LearnerConfig.model_fields["publish_isolation"].default == "auto"
     assert publish_isolation("auto", torch.device("cuda", 0)) == "process"
     assert publish_isolation("auto", torch.device("cpu")) == "thread"
     assert publish_isolation("process", torch.device("cpu")) == "process"
