@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from swarm.runlog import read_jsonl, wait_ready
@@ -204,10 +203,9 @@ def test_ctrl_c_stops_a_bootstrap_node_status_watch_and_a_dashboard(tmp_path):
 def test_ctrl_c_stops_swarm_eval_while_it_scores(tmp_path):
     evaluation = Started(tmp_path, "eval", "eval", "--eval-problems", "500", "--eval-samples", "16", "--no-greedy")
     try:
-        # the reward worker, a process of its own in the same process group, started and scoring
-        parent = psutil.Process(evaluation.popen.pid)
-        wait_for(lambda: any("swarm.rewards" in " ".join(c.cmdline()) for c in parent.children()), 120, "reward worker",
-                 evaluation)
+        # scoring under way: its progress line counts scored problems (the reward worker, a process of
+        # its own in the same process group, has scored some)
+        wait_for(lambda: "/500 problems" in evaluation.err.read_text(), 240, "scoring progress", evaluation)
         time.sleep(1)
         assert_clean_ctrl_c(evaluation, evaluation.ctrl_c())
     finally:
