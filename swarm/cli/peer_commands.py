@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from swarm.dashboard.live import status_rows as rows_of
 from swarm.health import status_flags, swarm_args
 from swarm.ports import check_config_ports
 from swarm.progress import progress_for
+from swarm.signals import install_stop_signals
 
 
 def _join_failures() -> tuple[type[BaseException], ...]:
@@ -117,6 +119,11 @@ def status_command(peers, run_id, transport, insecure, learner_keys, learner_key
     announcements signed by the run's key (--learner-key): any peer can call itself a learner."""
     with user_errors():
         keys = _run_keys(learner_keys, learner_key_file)
+    # a Ctrl-C sets an event that the watch checks between rounds: raised as KeyboardInterrupt inside
+    # a round's DHT reads it could be swallowed there, and the watch went on (seen at load)
+    stop = threading.Event()
+    if watch:
+        install_stop_signals(stop)
     with observe_swarm(transport, run_id, peers, insecure=insecure) as observer:
         while True:
             now, members = observer.now(), _members_and_learners(observer, keys)
@@ -134,9 +141,8 @@ def status_command(peers, run_id, transport, insecure, learner_keys, learner_key
                     click.echo("(no learner version: pass --learner-key, or --learner-key-file RUN_DIR/learner.key, "
                                "to read the version the run's learner announced)")
                 _print_flags(flags)
-            if not watch:
+            if not watch or stop.wait(watch):  # Ctrl-C ends the watch between two rounds (exit 130)
                 break
-            time.sleep(watch)
 
 
 def _run_keys(learner_keys, learner_key_file) -> list[bytes]:
