@@ -163,12 +163,7 @@ def stop_together(procs: list[Proc], timeout: float) -> None:
     for proc in running:
         _stop_group(proc.popen.pid, deadline)
     _, left = psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
+    _kill_all(left)
 
 
 def _stop_group(pgid: int, deadline: float) -> None:
@@ -189,9 +184,16 @@ def _stop_group(pgid: int, deadline: float) -> None:
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = members()
-    for p in left:
+    _kill_all(left)
+
+
+def _kill_all(processes: list) -> None:
+    """SIGKILL what is still alive of `processes` (psutil.Process), and reap it."""
+    import psutil
+
+    for p in processes:
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(left, timeout=5)
+    psutil.wait_procs(processes, timeout=5)
