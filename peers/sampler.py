@@ -197,6 +197,7 @@ class Sampler(Peer):
                 self.say(f"the learner ended the run at version {self.ended_at}; stopping")
                 break
             self.step()
+        self.follower.halt()  # a fetch finishing now would write its event after "stopped"
         self.events.event("stopped", **self.result())
 
     def step(self) -> None:

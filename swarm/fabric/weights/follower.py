@@ -412,7 +412,7 @@ class VersionFollower:
         with self.store.lock:
             for v in self.store.states:
                 self.ready_at.setdefault(v, ready)
-        if self.on_fetch:
+        if self.on_fetch and not self.stop.is_set():  # (a fetch that outlived `halt`'s wait is not reported)
             try:
                 self.on_fetch(fetched)
             except Exception as exc:  # noqa: BLE001  reporting must never stop the following
@@ -443,10 +443,15 @@ class VersionFollower:
                     "--learner-key must be the key the learner prints (or --learner-key-file RUN_DIR/learner.key)")
         return f"learner {ours[0].record.peer_id} has joined but announced no version yet (it may still be loading)"
 
-    def close(self) -> None:
+    def halt(self) -> None:
+        """Stops polling and fetching: once it returns, `on_fetch` is called no more (a peer writes its
+        last event after this). Safe to call again; `close` calls it."""
         self.stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
+
+    def close(self) -> None:
+        self.halt()
         if self.store.book.on_unheld == self.nudge:
             self.store.book.on_unheld = None
         if self.store.book.on_pushed == self.pushed:
