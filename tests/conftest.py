@@ -50,7 +50,7 @@ FLOATING = {
     "test_losses_staleness_filter.py", "test_learner_guards.py", "test_micro_batches.py", "test_staleness.py",
     "test_vllm_update.py", "test_verification.py", "test_generation.py", "test_gpu.py", "test_intake.py",
     "test_pass_at_k.py", "test_reward_funcs.py", "test_rewards.py", "test_tasks.py", "test_max_prompt_length.py",
-    "test_lr_schedule.py", "test_chunked_head.py", "test_weight_format.py", "test_weight_delta.py",
+    "test_lr_schedule.py", "test_chunked_head.py", "test_weight_format.py", "test_weight_delta.py", "test_delta_format.py", "test_delta_reference.py",
     "test_version_memory_shapes.py", "test_staleness_study.py", "test_gpu_check.py",
 }
 
