@@ -4,6 +4,7 @@ status 130; a learner that trains its last step ends without a traceback and its
 (exit 0) on its signed word; a taken port is refused at once, naming its option. Real `swarm`
 processes on 127.0.0.1, one bootstrap node shared by the tests that need one."""
 
+import contextlib
 import json
 import os
 import signal
@@ -79,6 +80,28 @@ def bootstrap(tmp_path_factory):
 # -- taken ports
 
 
+@contextlib.contextmanager
+def learner_and_sampler(bootstrap, tmp_path, *, steps: int):
+    """A learner of `steps` steps, then (once it is ready) one sampler following its key; both killed
+    on the way out, whatever the test did to them."""
+    addr, _ = bootstrap
+    learner = Started(tmp_path, "learner", "learner", "--peers", addr, "--host", "127.0.0.1", "--steps", str(steps),
+                      "--groups-per-step", "1", "--checkpoint-every", "0", "--max-completion-length", "8",
+                      "--run-dir", str(tmp_path / "learner"), "--identity-dir", str(tmp_path / "learner-id"))
+    sampler = None
+    try:
+        ready = wait_ready(tmp_path / "learner", timeout_s=120, alive=lambda: learner.popen.poll() is None)
+        assert ready is not None, learner.text()[-3000:]
+        sampler = Started(tmp_path, "sampler", "sampler", "--peers", addr, "--host", "127.0.0.1", "--learner-key",
+                          ready["learner_key"], "--prompts-per-round", "1", "--num-generations", "2",
+                          "--run-dir", str(tmp_path / "sampler"), "--identity-dir", str(tmp_path / "sampler-id"))
+        yield learner, sampler
+    finally:
+        learner.kill()
+        if sampler is not None:
+            sampler.kill()
+
+
 def test_a_taken_port_is_refused_at_once_naming_its_option(bootstrap, tmp_path):
     addr, port = bootstrap
     key = "W293bmVyOm5vdC1hLXJlYWwta2V5XQ=="  # well-formed; never used: the port check comes first
@@ -109,17 +132,7 @@ def test_a_taken_port_is_refused_at_once_naming_its_option(bootstrap, tmp_path):
 
 
 def test_ctrl_c_stops_a_learner_and_a_sampler_with_status_130_and_nothing_lost(bootstrap, tmp_path):
-    addr, _ = bootstrap
-    learner = Started(tmp_path, "learner", "learner", "--peers", addr, "--host", "127.0.0.1", "--steps", "1000",
-                      "--groups-per-step", "1", "--checkpoint-every", "0", "--max-completion-length", "8",
-                      "--run-dir", str(tmp_path / "learner"), "--identity-dir", str(tmp_path / "learner-id"))
-    sampler = None
-    try:
-        ready = wait_ready(tmp_path / "learner", timeout_s=120, alive=lambda: learner.popen.poll() is None)
-        assert ready is not None, learner.text()[-3000:]
-        sampler = Started(tmp_path, "sampler", "sampler", "--peers", addr, "--host", "127.0.0.1", "--learner-key",
-                          ready["learner_key"], "--prompts-per-round", "1", "--num-generations", "2",
-                          "--run-dir", str(tmp_path / "sampler"), "--identity-dir", str(tmp_path / "sampler-id"))
+    with learner_and_sampler(bootstrap, tmp_path, steps=1000) as (learner, sampler):
         steps = tmp_path / "learner" / "steps.jsonl"
         wait_for(lambda: steps.exists() and len(read_jsonl(steps)) >= 2, 120, "two learner steps", learner)
 
@@ -138,26 +151,12 @@ def test_ctrl_c_stops_a_learner_and_a_sampler_with_status_130_and_nothing_lost(b
         assert_clean_ctrl_c(sampler, status)
         assert read_jsonl(tmp_path / "sampler" / "events.jsonl")[-1]["event"] == "stopped"
         assert "run_ended" not in sampler.out.read_text()  # a Ctrl-C'd learner has not ended the run
-    finally:
-        learner.kill()
-        if sampler is not None:
-            sampler.kill()
 
 
 def test_a_learners_last_step_ends_the_run_for_its_samplers(bootstrap, tmp_path):
     """The learner trains its last step and announces the end (signed); the sampler says so in one
     line and exits 0. Neither prints a traceback."""
-    addr, _ = bootstrap
-    learner = Started(tmp_path, "learner", "learner", "--peers", addr, "--host", "127.0.0.1", "--steps", "2",
-                      "--groups-per-step", "1", "--checkpoint-every", "0", "--max-completion-length", "8",
-                      "--run-dir", str(tmp_path / "learner"), "--identity-dir", str(tmp_path / "learner-id"))
-    sampler = None
-    try:
-        ready = wait_ready(tmp_path / "learner", timeout_s=120, alive=lambda: learner.popen.poll() is None)
-        assert ready is not None, learner.text()[-3000:]
-        sampler = Started(tmp_path, "sampler", "sampler", "--peers", addr, "--host", "127.0.0.1", "--learner-key",
-                          ready["learner_key"], "--prompts-per-round", "1", "--num-generations", "2",
-                          "--run-dir", str(tmp_path / "sampler"), "--identity-dir", str(tmp_path / "sampler-id"))
+    with learner_and_sampler(bootstrap, tmp_path, steps=2) as (learner, sampler):
         assert learner.popen.wait(timeout=180) == 0, learner.text()[-3000:]
         assert sampler.popen.wait(timeout=60) == 0, sampler.text()[-3000:]
         assert "Traceback" not in learner.text() and "Traceback" not in sampler.text(), learner.text() + sampler.text()
@@ -168,10 +167,6 @@ def test_a_learners_last_step_ends_the_run_for_its_samplers(bootstrap, tmp_path)
         assert sampler.out.read_text().count("retrying") <= 5, sampler.text()[-3000:]
         events = read_jsonl(tmp_path / "sampler" / "events.jsonl")
         assert [e["event"] for e in events[-2:]] == ["run_ended", "stopped"] and events[-1]["run_ended_at"] == 2
-    finally:
-        learner.kill()
-        if sampler is not None:
-            sampler.kill()
 
 
 def test_ctrl_c_stops_a_bootstrap_node_status_watch_and_a_dashboard(tmp_path):
