@@ -20,12 +20,8 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from swarm.fabric.weights.versions import VersionStore
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +36,12 @@ class Built:
 
 
 class BackgroundRebuilds:
-    """One background thread rebuilding `store`'s held versions on request; started when asked,
+    """One background thread rebuilding `store`'s held versions on request (a VersionStore: its
+    `_rebuild` and `hashes`; not imported here, which versions.py imports); started when asked,
     gone once nothing is asked (no thread to close). keep: how many rebuilt versions are held
     for their readers at most."""
 
-    def __init__(self, store: "VersionStore", *, keep: int = 1) -> None:
+    def __init__(self, store, *, keep: int = 1) -> None:
         self.store, self.keep = store, keep
         self._cond = threading.Condition()
         self._pending: set[int] = set()
