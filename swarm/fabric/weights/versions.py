@@ -211,6 +211,8 @@ class VersionStore:
         self.book = ChunkBook(self.payload)  # what this peer serves in chunks (and receives, while it does)
         self.behind = BackgroundRebuilds(self)  # long rebuilds, for readers that must not wait (state_now)
         self.undo_applied = {"inline": 0, "background": 0}  # undo deltas applied, by where (a reader's thread or behind)
+        # version -> its snapshot payload encoded elsewhere, or None (then here): a publisher's encoding process
+        self.snapshot_encoder: Callable[[int], bytes | None] | None = None
 
     @property
     def latest(self) -> int | None:
@@ -436,10 +438,13 @@ class VersionStore:
         cached = self._snapshot
         if cached is not None and cached[0] == version:
             return cached[1]
-        state = self.state_now(version)
-        if state is None:
-            raise HolderBusy(f"version {version} is being rebuilt here from undo deltas; ask again shortly")
-        snapshot = encode_snapshot(state, version)
+        encoder = self.snapshot_encoder
+        snapshot = encoder(version) if encoder is not None else None
+        if snapshot is None:
+            state = self.state_now(version)
+            if state is None:
+                raise HolderBusy(f"version {version} is being rebuilt here from undo deltas; ask again shortly")
+            snapshot = encode_snapshot(state, version)
         self._snapshot = (version, snapshot)
         return snapshot
 

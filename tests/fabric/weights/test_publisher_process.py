@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm.fabric.weights.delta import apply_payload_verified, state_hash
+from swarm.fabric.weights.delta import apply_payload_verified, encode_snapshot, state_hash
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_held_versions import states
@@ -87,6 +87,35 @@ def test_a_child_killed_mid_version_fails_the_publisher_and_nothing_is_half_publ
         with pytest.raises(PublisherFailed, match="SIGKILL"):
             publisher.submit(2, next(gen))
         assert published == [0] and store.latest == 0 and list(store.hashes) == [0] and not store.deltas
+    finally:
+        publisher.close()
+    assert gone(pid)
+
+
+def test_the_newest_snapshot_is_encoded_in_the_encoding_process_byte_for_byte_and_here_when_the_child_is_gone():
+    store = VersionStore(capacity=4, whole_states=1)
+    gen = states(3, seed=7)
+    publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
+    pid = publisher.encoder_pid
+    try:
+        publisher.publish_now(0, next(gen))
+        publisher.submit(1, next(gen))
+        assert publisher.wait(timeout=60)
+        payload = store.payload("snapshot", 1)  # what a new sampler's chunked fetch asks for
+        assert publisher.snapshots_encoded == 1
+        assert payload == encode_snapshot(store.states[1], 1)  # the bytes this process would have encoded
+        version, state, digest, kind = apply_payload_verified(payload)
+        assert (version, kind, digest) == (1, "snapshot", store.hashes[1])
+        assert store.payload("snapshot", 1) is payload and publisher.snapshots_encoded == 1  # encoded once
+        assert store.payloads(None, 0) == [encode_snapshot(store.states[0], 0)]  # not the child's last: encoded here
+        assert publisher.snapshots_encoded == 1
+        # the child gone: the snapshot is encoded here, the publisher fails at its next version as before
+        publisher.submit(2, next(gen))
+        assert publisher.wait(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        publisher._encoder.process.join(timeout=30)
+        assert store.payload("snapshot", 2) == encode_snapshot(store.states[2], 2)
+        assert publisher.snapshots_encoded == 1
     finally:
         publisher.close()
     assert gone(pid)
