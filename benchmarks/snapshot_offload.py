@@ -1,7 +1,8 @@
 """Where a learner encodes the newest version's whole snapshot (what new samplers fetch in chunks),
 and what that costs its training thread: in the learner's process (the store's own encode_snapshot,
 from the heartbeat's thread, as before issue 44's leftover) or in the publisher's encoding process
-(Publisher(isolation="process"): VersionStore.snapshot_encoder). Byte for byte the same payload.
+(Publisher(isolation="process"): VersionStore.snapshot_encoder, a process of its own started at
+the first snapshot, not timed). Byte for byte the same payload.
 
 The training thread is modelled as publish_overlap.py's launch_bound case does: a Python loop of
 small torch ops (GEPO_SNAPSHOT_OFFLOAD_OPS, 3,000 a step, on 64-element tensors, one torch thread),
@@ -58,8 +59,9 @@ def run() -> dict:
     encoder_thread_cpus: list[int] = []
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
     pinned = os.environ.get("GEPO_SNAPSHOT_OFFLOAD_PIN", "1") == "1" and len(cpus) >= 2
+    assert store.payload("snapshot", 0) is not None  # starts the snapshot-encoding process (not timed)
     if pinned:
-        os.sched_setaffinity(publisher.encoder_pid, cpus[1:])
+        os.sched_setaffinity(publisher.snapshot_encoder_pid, cpus[1:])
         encoder_thread_cpus = cpus[1:]
 
     def encode(mode: str, out: dict) -> None:
