@@ -84,18 +84,30 @@ class GroupIntake:
     def resume(self, learner_version: int, limit: int | None = None) -> list[RolloutGroup]:
         """Deferred groups whose version is now ready, checked (the draw stands: each is verified)
         and accepted, up to `limit` (the rest wait on); those too stale or too old by now are dropped
-        (nobody's fault: their versions took long to rebuild)."""
+        (nobody's fault: their versions took long to rebuild), as are those whose version could not
+        be rebuilt (a bug, said in the log; not the sender's fault either)."""
         accepted, waiting = [], []
         for group in self.deferred:
             if learner_version - group.version > self.max_staleness or time.time() - group.created_at > self.max_age_s:
                 self.dropped["stale before its version was rebuilt"] += 1
-            elif (limit is not None and len(accepted) >= limit) or not self.verifier.ready(group.version):
+                continue
+            if limit is not None and len(accepted) >= limit:
                 waiting.append(group)
-            else:
-                self.deferred = waiting  # (a group deferred again by its check joins the waiting ones)
-                if self.accept(group, learner_version, verify=True):
-                    accepted.append(group)
-                waiting = self.deferred
+                continue
+            try:
+                ready = self.verifier.ready(group.version)
+            except Exception as exc:  # noqa: BLE001  the boundary: a rebuild that failed drops its groups, the learner goes on
+                logger.warning("version %d could not be rebuilt to check a group from %s: %s: %s", group.version,
+                               group.sender, type(exc).__name__, exc)
+                self.dropped["version could not be rebuilt"] += 1
+                continue
+            if not ready:
+                waiting.append(group)
+                continue
+            self.deferred = waiting  # (a group deferred again by its check joins the waiting ones)
+            if self.accept(group, learner_version, verify=True):
+                accepted.append(group)
+            waiting = self.deferred
         self.deferred = waiting
         return accepted
 

@@ -173,9 +173,14 @@ class LogprobVerifier:
 
     def ready(self, version: int) -> bool:
         """Whether `check` of a group at `version` would not answer REBUILDING (the copy holds it, or
-        the store gives it without a long rebuild, or it is not held at all)."""
+        the store gives it without a long rebuild, or it is not held at all). When it would, the
+        version's rebuild is asked for again (a no-op while it is under way): what was rebuilt for
+        it may have been dropped unread, and a group must not wait for a rebuild nobody does."""
         available = getattr(self.states, "available_now", None)
-        return self.loaded == version or available is None or available(version)
+        if self.loaded == version or available is None or available(version):
+            return True
+        self.states.now(version)
+        return False
 
     def convicts(self, sender: str, refused: bool) -> bool:
         """Records a checked group of `sender`'s (refused: over the tolerance); True when that makes
