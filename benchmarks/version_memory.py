@@ -12,6 +12,15 @@ in the same run, the store's old way of rebuilding the oldest: 64 undo deltas in
 (format 5), each applied with its base and result hashed (GEPO_VERSION_MEMORY_BASELINE=0 skips it;
 the RSS figures include those baseline deltas, tracked bytes do not).
 
+And the worst wait of a reader that must not wait, for the oldest held version, before and after
+old versions were rebuilt in the background (issue 44): before, a verification asked the store
+for the version and waited for its whole rebuild (the cold rebuild of the oldest above), and a
+weight server's request waited for that and the snapshot's encoding; after, `state_now` applies at
+most INLINE_UNDO_DELTAS undo deltas in the asking thread (measured cold at that distance from the
+newest) and answers None at once for an older version (the group is deferred, the request answered
+busy) while one background thread rebuilds it, whose time until the version is ready is reported
+too (what a deferred group waits, not the training step).
+
 `python -m benchmarks version_memory` (GEPO_VERSION_MEMORY_VERSIONS=65, GEPO_VERSION_MEMORY_SCALE=1.0:
 a fraction of the vocabulary and MLP width, GEPO_VERSION_MEMORY_LAYERS=28: fewer layers, for a quicker run)
 """
@@ -80,6 +89,55 @@ def trimmed_rss() -> int:
     return rss_bytes()
 
 
+def reader_waits(store, oldest: int, hashes: dict[int, str]) -> dict:
+    """How long a reader that must not wait (a verification, a serving request) waits now, with
+    nothing rebuilt cached: the worst inline rebuild (INLINE_UNDO_DELTAS from the newest), asking
+    for the oldest (queued behind), a request for the oldest's snapshot (answered busy), and how
+    long the background thread takes until the oldest is ready and then served."""
+    from swarm.fabric.weights.delta import encode_snapshot, state_hash
+    from swarm.fabric.weights.upload_slots import HolderBusy
+
+    def cold() -> None:
+        store._cache.clear()
+        for version in list(store.hashes):
+            store.behind.forget(version)
+        store._snapshot = None
+
+    inline, newest = store.inline_undo, max(store.hashes)
+    nearest = max(oldest, newest - inline)
+    cold()
+    started = time.perf_counter()
+    state = store.state_now(nearest)
+    inline_s = time.perf_counter() - started
+    assert state is not None and state_hash(state) == hashes[nearest]
+    started = time.perf_counter()
+    encode_snapshot(state, nearest)
+    encode_s = time.perf_counter() - started
+    del state
+    cold()
+    asked = started = time.perf_counter()
+    assert store.state_now(oldest) is None, "the oldest was rebuilt in the asking thread"
+    ask_s = time.perf_counter() - started
+    started = time.perf_counter()
+    try:
+        store.payloads(None, oldest)
+        raise AssertionError("a request for the oldest's snapshot was served at once")
+    except HolderBusy:
+        busy_s = time.perf_counter() - started
+    while not store.available_now(oldest):
+        time.sleep(0.05)
+    ready_s = time.perf_counter() - asked
+    started = time.perf_counter()
+    served = store.payloads(None, oldest)
+    served_s = time.perf_counter() - started
+    del served
+    cold()
+    return {"inline_undo": inline, "inline_worst_s": round(inline_s, 2), "encode_snapshot_s": round(encode_s, 2),
+            "ask_oldest_s": round(ask_s, 4), "busy_reply_s": round(busy_s, 4), "behind_ready_s": round(ready_s, 2),
+            "served_after_s": round(served_s, 2), "worst_verification_wait_s": round(max(inline_s, ask_s), 2),
+            "worst_serving_wait_s": round(max(inline_s + encode_s, busy_s), 2)}
+
+
 def run() -> dict:
     from swarm.fabric.weights.delta import apply_payload_verified, encode_delta, state_hash
     from swarm.fabric.weights.versions import VersionStore, snapshot_bytes
@@ -121,6 +179,8 @@ def run() -> dict:
         timings[name] = round(time.perf_counter() - started, 2)
         assert state_hash(rebuilt) == hashes[version], f"version {version} rebuilt wrong"
         del rebuilt
+    waits = reader_waits(store, oldest, hashes)
+    timings["serving_oldest_before"] = round(timings["oldest"] + waits["encode_snapshot_s"], 2)
     if baseline:  # the old way: each wire-codec undo delta applied with its base and result hashed
         state = store.state(max(store.hashes))
         started = time.perf_counter()
@@ -140,6 +200,9 @@ def run() -> dict:
         "rss_trimmed_over_snapshot": round(rss_trimmed / size, 3), "rss_after_rebuilds_bytes": rss_peak,
         "add_seconds_median": round(sorted(add_s)[len(add_s) // 2], 2), "rebuild_seconds": timings,
         "rebuild_oldest_undo_deltas": versions - 1,
+        "reader_waits": waits, "verification_wait_oldest_before_s": timings["oldest"],
+        "verification_wait_oldest_after_s": waits["worst_verification_wait_s"],
+        "serving_wait_oldest_before_s": timings["serving_oldest_before"], "serving_wait_oldest_after_s": waits["worst_serving_wait_s"],
         "load_average": [round(load_before, 2), round(load_after, 2)], "cpus": os.cpu_count(),
         "busy": load_before > 1.5 or load_after > 1.5,
     }
@@ -159,6 +222,17 @@ def run() -> dict:
                     ["add a version (encode delta and undo delta, hash), median s", figures["add_seconds_median"]],
                     ["rebuild the newest but one, s", timings["newest_but_one"]],
                     [f"rebuild the oldest ({versions - 1} undo deltas), s", timings["oldest"]],
+                    ["worst wait of a verification for the oldest, before (its whole rebuild in the asking thread), s", timings["oldest"]],
+                    [f"... after (at most {waits['inline_undo']} undo deltas in the asking thread, older ones behind), s",
+                     waits["worst_verification_wait_s"]],
+                    ["... of which: asking for the oldest (answered at once, rebuilt behind), s", waits["ask_oldest_s"]],
+                    [f"... of which: rebuilding the newest but {waits['inline_undo']} in the asking thread, cold, s", waits["inline_worst_s"]],
+                    ["worst wait of a serving request for the oldest, before (rebuild and encode its snapshot), s",
+                     timings["serving_oldest_before"]],
+                    ["... after (answered busy at once while it is rebuilt behind; inline rebuild and encode nearer), s",
+                     waits["worst_serving_wait_s"]],
+                    ["... the oldest rebuilt behind: ready after, s (a deferred group's wait, not the step's)", waits["behind_ready_s"]],
+                    ["... then served (snapshot encoded), s", waits["served_after_s"]],
                     *([["... before (the wire codec's undo deltas, each apply hashed), s", timings["oldest_before"]],
                        ["... speed-up", round(timings["oldest_before"] / max(timings["oldest"], 1e-9), 1)],
                        ["undo deltas before, in the wire codec (GB)", round(sum(map(len, wire_undo)) / 1e9, 3)]]

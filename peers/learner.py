@@ -396,6 +396,10 @@ class Learner(Peer):
         gather_s = min(config.wait_s, config.averaging_timeout_s / 2) if learners > 1 else config.wait_s
         batch, deadline = [], time.time() + gather_s
         while len(batch) < share and time.time() < deadline and not self.stopping:
+            # groups whose check waited for an old version's rebuild in the background (never here)
+            batch += self.intake.resume(self.core.version, limit=share - len(batch))
+            if len(batch) >= share:
+                break
             group = self.inbox.get(timeout=1.0)
             if group is not None and self.intake.accept(group, self.core.version):
                 batch.append(group)
@@ -465,6 +469,7 @@ class Learner(Peer):
                         inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                         skipped_steps=self.totals["skipped_steps"], verified=verifier.checked,
                         verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
+                        verify_deferred=self.intake.deferrals,
                         uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
                         **({"team": dict(self.team.stats)} if self.team is not None else {}))
 

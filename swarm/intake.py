@@ -15,7 +15,11 @@ already accepted within the staleness window is refused whatever its id (swarm.r
 strike: two honest samplers at temperature 0 may write the same group.
 Last and dearest, a sampled fraction of groups has its behaviour log-probs recomputed at the
 claimed version (swarm.verification); a group over the tolerance is refused, and its sender banned
-once its checked groups show it is not an honest sampler (verification.GapEvidence)."""
+once its checked groups show it is not an honest sampler (verification.GapEvidence). A group
+chosen for checking at an old version that is being rebuilt in the background (VersionStore.state_now)
+is deferred, not trained on unchecked: `resume` checks it once its version is ready (all checks
+again, at the learner's version then), and one that goes past the staleness limit or MAX_DEFERRED
+while waiting is dropped by reason, without blame."""
 
 from __future__ import annotations
 
@@ -28,11 +32,13 @@ from swarm.replays import SeenContent
 from swarm.rewards import RewardScorer
 from swarm.rollouts import RolloutGroup
 from swarm.tasks.base import cut_at_stop
-from swarm.verification import LogprobVerifier
+from swarm.verification import REBUILDING, LogprobVerifier
 
 logger = logging.getLogger(__name__)
 # a sampler's reward may differ from the learner's by rounding only
 REWARD_TOLERANCE = 1e-6
+# the most groups waiting for their version's background rebuild to be checked (beyond: dropped)
+MAX_DEFERRED = 64
 
 
 class GroupIntake:
@@ -60,18 +66,59 @@ class GroupIntake:
         self.seen = SeenContent(window=max_staleness)
         self.scorer = scorer or RewardScorer()
         self.dropped: Counter = Counter()  # reason -> groups
+        self.deferred: list[RolloutGroup] = []  # chosen for checking, waiting for their version's rebuild
+        self.deferrals = 0  # groups deferred so, in all
 
-    def accept(self, group: RolloutGroup, learner_version: int) -> bool:
-        """True when `group` may be trained on; its rewards are then the learner's own."""
+    def accept(self, group: RolloutGroup, learner_version: int, *, verify: bool | None = None) -> bool:
+        """True when `group` may be trained on; its rewards are then the learner's own. False too
+        when it is deferred (its log-probs are to be checked at a version being rebuilt: `resume`).
+        verify: whether its log-probs are checked (None: drawn, for a `verifier.fraction` of groups)."""
         try:
-            return self._check(group, learner_version)
+            return self._check(group, learner_version, verify)
         except Exception as exc:  # noqa: BLE001  the boundary: whatever a group does, the learner goes on
             logger.warning("refused a group from %s that could not be checked: %s: %s", group.sender, type(exc).__name__, exc)
             self.dropped["could not be checked"] += 1
             self.penalise(group.sender, "could not be checked")
             return False
 
-    def _check(self, group: RolloutGroup, learner_version: int) -> bool:
+    def resume(self, learner_version: int, limit: int | None = None) -> list[RolloutGroup]:
+        """Deferred groups whose version is now ready, checked (the draw stands: each is verified)
+        and accepted, up to `limit` (the rest wait on); those too stale or too old by now are dropped
+        (nobody's fault: their versions took long to rebuild), as are those whose version could not
+        be rebuilt (a bug, said in the log; not the sender's fault either)."""
+        accepted, waiting = [], []
+        for group in self.deferred:
+            if learner_version - group.version > self.max_staleness or time.time() - group.created_at > self.max_age_s:
+                self.dropped["stale before its version was rebuilt"] += 1
+                continue
+            if limit is not None and len(accepted) >= limit:
+                waiting.append(group)
+                continue
+            try:
+                ready = self.verifier.ready(group.version)
+            except Exception as exc:  # noqa: BLE001  the boundary: a rebuild that failed drops its groups, the learner goes on
+                logger.warning("version %d could not be rebuilt to check a group from %s: %s: %s", group.version,
+                               group.sender, type(exc).__name__, exc)
+                self.dropped["version could not be rebuilt"] += 1
+                continue
+            if not ready:
+                waiting.append(group)
+                continue
+            self.deferred = waiting  # (a group deferred again by its check joins the waiting ones)
+            if self.accept(group, learner_version, verify=True):
+                accepted.append(group)
+            waiting = self.deferred
+        self.deferred = waiting
+        return accepted
+
+    def _defer(self, group: RolloutGroup) -> None:
+        if len(self.deferred) >= MAX_DEFERRED:
+            self.dropped["too many waiting for a rebuilt version"] += 1
+            return
+        self.deferred.append(group)
+        self.deferrals += 1
+
+    def _check(self, group: RolloutGroup, learner_version: int, verify: bool | None = None) -> bool:
         if self.banned(group.sender):
             self.dropped["sender banned"] += 1
             return False
@@ -107,8 +154,11 @@ class GroupIntake:
             self.dropped["reward mismatch"] += 1
             self.penalise(group.sender, "reward mismatch")
             return False
-        if self.verifier is not None and self.verifier.chosen():
+        if self.verifier is not None and (self.verifier.chosen() if verify is None else verify):
             refused = self.verifier.check(group)
+            if refused == REBUILDING:  # its version is rebuilt in the background: checked later, never trained on unchecked
+                self._defer(group)
+                return False
             if refused == "version not held":  # from before a restart: nobody's fault, and not checkable
                 self.dropped["version not held"] += 1
                 return False

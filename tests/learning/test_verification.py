@@ -198,3 +198,58 @@ def test_an_unchecked_lie_weighs_no_more_than_an_honest_group_in_an_importance_w
         largest_honest = max(float(step_gradient(policy, [g], loss).norm()) for g in honest_groups[:7])
         ratio = float(step_gradient(policy, [liar], loss).norm()) / largest_honest
         assert ratio < limit if limit else ratio > 2.0, (bound, ratio)
+
+
+def test_a_group_at_a_version_rebuilt_in_the_background_is_deferred_then_checked_never_trained_on_unchecked(policy, honest_groups):
+    """The learner holds versions 3..10, 3 as 7 undo deltas from 10: a check at version 3 does not
+    rebuild it in the training thread (at most 2 undo deltas there); its groups wait, the honest one
+    is accepted and the liar refused once it is rebuilt behind, and a group that goes past the
+    staleness limit while waiting is dropped by reason, without blame."""
+    from swarm.fabric.weights.delta import state_hash
+    from swarm.fabric.weights.versions import VersionStore
+
+    model, tokenizer = policy
+    store = VersionStore(capacity=8, whole_states=1, cached_states=1, inline_undo=2)
+    state = {k: t.detach().clone() for k, t in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    for version in range(3, 11):  # each later version a few elements moved one step of their bits
+        store.add(version, state)
+        state = {k: ((t.view(torch.int32) + (torch.rand(t.shape, generator=gen) < 0.02).int()).view(torch.float32)
+                     if t.dtype == torch.float32 else t.clone()) for k, t in state.items()}
+    verifier = LogprobVerifier(model, store.states, lock=threading.RLock(), pad_token_id=tokenizer.pad_token_id, fraction=1.0,
+                               tolerance=TOLERANCE)
+    penalties = []
+    intake = GroupIntake({g.problem_id: g.answer for g in honest_groups},
+                         decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True), max_staleness=8,
+                         max_age_s=600, penalise=lambda peer, reason, ban=False: penalties.append((peer, ban)),
+                         temperature=1.0, verifier=verifier)
+    try:
+        fresh = [copy.deepcopy(g) for g in honest_groups[:3]]
+        for g in fresh:
+            g.created_at = time.time()
+            g.rewards = intake.scorer.score(tokenizer.batch_decode(g.completion_ids, skip_special_tokens=True),
+                                            [g.answer] * g.size)
+        liar = lying(fresh[1])
+        assert not intake.accept(fresh[0], learner_version=10) and not intake.accept(liar, learner_version=10)
+        assert intake.deferrals == 2 and not intake.dropped and verifier.checked == 0  # nothing checked, nothing trained
+        assert store.undo_applied["inline"] == 0
+        store.behind.forget(3)  # what was asked for (or built) dropped unread: resume asks again
+        deadline = time.monotonic() + 60
+        accepted = []
+        while len(intake.deferred) and time.monotonic() < deadline:  # as the learner's gathering loop does
+            accepted += intake.resume(10)
+            time.sleep(0.05)
+        assert accepted == [fresh[0]] and intake.dropped == {"log-prob mismatch": 1} and verifier.checked == 2
+        assert state_hash(store.states[3]) == store.hashes[3] and store.undo_applied["inline"] == 0
+        # deferred, and too stale by the time its version is ready: dropped, nobody's fault
+        verifier.loaded = None
+        store._cache.clear()
+        store.behind.forget(3)
+        assert not intake.accept(fresh[2], learner_version=10) and intake.deferred == [fresh[2]]
+        assert intake.resume(12) == [] and intake.dropped["stale before its version was rebuilt"] == 1
+        assert not intake.deferred and penalties == []
+    finally:
+        intake.close()
+        deadline = time.monotonic() + 60
+        while store.behind.busy() and time.monotonic() < deadline:  # (its rebuild ends before the test does)
+            time.sleep(0.05)

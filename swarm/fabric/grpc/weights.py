@@ -14,7 +14,7 @@ from swarm.fabric.grpc.server import WEIGHTS
 from swarm.fabric.weights.announcement_push import PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import FORWARD_PIECE_BYTES, ChunkCutOff, ChunkFeed, chunk_answer, slot_share, takes_slot
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
-from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.upload_slots import HolderBusy, UploadSlots
 from swarm.fabric.weights.versions import (
     HEADER_LIMIT,
     RebuildingClient,
@@ -53,6 +53,9 @@ class GrpcWeightServer:
         try:  # a receiver that goes away ends this generator (GeneratorExit): the slot is freed all the same
             try:
                 payloads = self.store.payloads(have if _is_int(have) else None, want)
+            except HolderBusy as exc:  # an old version being rebuilt: ask again shortly, no blame
+                yield pack({"ok": False, "busy": True, "reason": f"busy: {exc}", "count": 0})
+                return
             except (KeyError, TypeError, ValueError) as exc:
                 yield pack({"ok": False, "reason": str(exc)})
                 return

@@ -34,7 +34,7 @@ from swarm.fabric.weights.delta import (
     MAX_PAYLOAD_BYTES,
     CorruptVersion,
 )
-from swarm.fabric.weights.upload_slots import UploadSlots
+from swarm.fabric.weights.upload_slots import HolderBusy, UploadSlots
 from swarm.fabric.weights.versions import (
     HEADER_LIMIT,
     WEIGHT_REQUEST_LIMIT,
@@ -115,6 +115,9 @@ class WeightServer:
             try:
                 try:
                     payloads = self.store.payloads(have if isinstance(have, int) and not isinstance(have, bool) else None, want)
+                except HolderBusy as exc:  # an old version being rebuilt: ask again shortly, no blame
+                    await P2P.send_raw_data(msgpack.packb({"ok": False, "busy": True, "reason": f"busy: {exc}"[:200], "count": 0}), writer)
+                    return
                 except (KeyError, TypeError, ValueError) as exc:  # a version not held
                     await refuse(f"{type(exc).__name__}: {exc}")
                     return

@@ -15,7 +15,11 @@ announcement's recent versions: chunked_fetch.delta_base).
 A learner holds up to max_staleness + 1 versions for verification and serving, so not each one
 whole: the newest is whole and each older one an undo delta from the one after it, rebuilt on
 demand (`VersionStore.state`: one copy of the newest and a scatter of each undo delta's changes,
-undo.py) with a small cache of the versions rebuilt last.
+undo.py) with a small cache of the versions rebuilt last. A reader that must not wait (the
+training thread verifying a group, a weight server answering a request) asks `state_now`: a
+version at most INLINE_UNDO_DELTAS undo deltas from a held state is rebuilt at once, an older one
+by one background thread (background_rebuilds.py) while the reader goes on (a verification is
+deferred, a request answered busy).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from swarm.fabric.weights.delta import (
     non_finite_tensors,
     state_hash,
 )
+from swarm.fabric.weights.background_rebuilds import BackgroundRebuilds
 from swarm.fabric.weights.undo import UndoDelta, apply_chain, encode_undo
 from swarm.fabric.weights.upload_slots import HolderBusy
 
@@ -66,6 +71,11 @@ HEADER_LIMIT = 64 * 1024  # a weight transfer's header is a small map
 WEIGHT_REQUEST_LIMIT = 64 * 1024  # {have, want}, a chunk request, or a pushed announcement (announcement_push)
 SLOWEST_RECEIVER = 128 * 1024  # bytes/s: a receiver slower than this (for a whole payload) is cut off
 SNAPSHOT_DEFER_S = 10.0  # the longest a learner holds back a new version's snapshot while its delta goes out
+# The most undo deltas a reader that must not wait (state_now) has applied in its own thread; an
+# older version is rebuilt in the background. At Qwen3-0.6B shape one undo delta takes ~1.2 s on
+# a busy 2-core machine and the copy and hash of a state ~6 s: 4 bound a verification's wait to
+# ~11 s there instead of the 83 s the oldest of 65 took (benchmarks/version_memory.py).
+INLINE_UNDO_DELTAS = 4
 
 
 def send_deadline(size: int) -> float:
@@ -139,6 +149,15 @@ class HeldStates(Mapping):
     def __contains__(self, version) -> bool:
         return version in self._store.hashes
 
+    def now(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The weights of held `version` if they come without a long rebuild, else None (and its
+        rebuild under way in the background): VersionStore.state_now."""
+        return self._store.state_now(version)
+
+    def available_now(self, version: int) -> bool:
+        """Whether `now(version)` would return at once (or the version is not held: nothing to wait for)."""
+        return self._store.available_now(version)
+
     def __iter__(self) -> Iterator[int]:
         with self._store.lock:
             return iter(list(self._store.hashes))
@@ -164,13 +183,19 @@ class VersionStore:
     rebuilt versions kept whole beside them (an LRU: verification asks for a few recent versions
     over and over). delta_budget: how many snapshots' worth of forward deltas (those served) are
     kept, newest first: a receiver further behind than that gets a snapshot, which payloads() would
-    send it anyway once the chain outweighs one (None: every held version's)."""
+    send it anyway once the chain outweighs one (None: every held version's). inline_undo: the most
+    undo deltas `state_now` applies in the asking thread (older versions are rebuilt by a
+    background thread, BackgroundRebuilds, and the asker told to come back); None: no limit,
+    every rebuild in the asking thread."""
 
     def __init__(self, capacity: int = 8, *, whole_states: int | None = None, cached_states: int = 1,
-                 delta_budget: float | None = None) -> None:
+                 delta_budget: float | None = None, inline_undo: int | None = INLINE_UNDO_DELTAS) -> None:
         if whole_states is not None and whole_states < 1:
             raise ValueError(f"whole_states must be at least 1 (the newest version is always held whole), not {whole_states}")
+        if inline_undo is not None and inline_undo < 0:
+            raise ValueError(f"inline_undo must be at least 0 undo deltas (or None: no limit), not {inline_undo}")
         self.capacity, self.whole_states, self.cached_states, self.delta_budget = capacity, whole_states, cached_states, delta_budget
+        self.inline_undo = inline_undo
         self.lock = threading.RLock()
         self.hashes: dict[int, str] = {}  # every held version, in ascending order
         self.deltas: dict[int, bytes] = {}  # version -> delta from bases[version] (the version held before it)
@@ -184,6 +209,10 @@ class VersionStore:
         self._snapshot: tuple[int, bytes] | None = None  # the last snapshot encoded: new peers ask for the same one
         self._added_at: dict[int, float] = {}  # version -> when it was added (time.monotonic)
         self.book = ChunkBook(self.payload)  # what this peer serves in chunks (and receives, while it does)
+        self.behind = BackgroundRebuilds(self)  # long rebuilds, for readers that must not wait (state_now)
+        self.undo_applied = {"inline": 0, "background": 0}  # undo deltas applied, by where (a reader's thread or behind)
+        # version -> its snapshot payload encoded elsewhere, or None (then here): a publisher's encoding process
+        self.snapshot_encoder: Callable[[int], bytes | None] | None = None
 
     @property
     def latest(self) -> int | None:
@@ -252,6 +281,7 @@ class VersionStore:
             old = next(iter(self.hashes))
             for held in (self.hashes, self._added_at, self._whole, self._undo, self._cache, self.deltas, self.bases):
                 held.pop(old, None)
+            self.behind.forget(old)
         if self.delta_budget is not None:
             kept, budget = 0, self.delta_budget * self._state_bytes
             for v in sorted(self.deltas, reverse=True):
@@ -262,15 +292,92 @@ class VersionStore:
             del self.deltas[v], self.bases[v]
 
     def held_bytes(self) -> dict[str, int]:
-        """What the held versions take, in bytes: whole states, rebuilt ones cached, undo and forward deltas."""
+        """What the held versions take, in bytes: whole states, rebuilt ones cached (here and
+        behind: those rebuilt in the background and not yet read), undo and forward deltas."""
         with self.lock:
-            return {"whole": len(self._whole) * self._state_bytes, "cached": len(self._cache) * self._state_bytes,
+            return {"whole": len(self._whole) * self._state_bytes,
+                    "cached": (len(self._cache) + self.behind.held()) * self._state_bytes,
                     "undo": sum(u.nbytes for u in self._undo.values()), "deltas": sum(map(len, self.deltas.values()))}
 
     def ready(self, version: int) -> bool:
-        """Whether held `version` is whole or cached: `state` returns it without rebuilding."""
+        """Whether held `version` is whole or cached (or rebuilt behind): `state` returns it without rebuilding."""
         with self.lock:
-            return version in self._whole or version in self._cache
+            return version in self._whole or version in self._cache or self.behind.peek(version) is not None
+
+    def _held_state(self, version: int, *, read: bool = True) -> dict[str, torch.Tensor] | None:
+        """Under the lock: `version` whole, cached or rebuilt behind (`read`: a reader takes it), else None."""
+        found = self._whole.get(version)
+        if found is None and version in self._cache:
+            self._cache.move_to_end(version)
+            found = self._cache[version]
+        if found is None:
+            found = self.behind.take(version) if read else self.behind.peek(version)
+        return found
+
+    def _chain_to(self, version: int, extra: tuple[int, dict] | None = None) -> tuple[int, dict, list[UndoDelta]]:
+        """Under the lock: the nearest newer state `version` is rebuilt from (whole, cached, rebuilt
+        behind, or `extra`: (version, state) a rebuilder holds) and the undo deltas from it back to
+        `version`, newest first: (its version, its state, the chain). KeyError: not held."""
+        if version not in self.hashes:
+            raise KeyError(f"version {version} is not held here")
+        chain, start = [], version
+        while True:
+            base = self._held_state(start, read=False)
+            if base is None and extra is not None and extra[0] == start:
+                base = extra[1]
+            if base is not None:
+                return start, base, chain
+            if start not in self._undo:
+                raise KeyError(f"version {version} is held but cannot be rebuilt (no undo delta of {start})")
+            undo = self._undo[start]
+            if undo.newer <= start:  # (never: each is rebuilt from a newer version)
+                raise CorruptVersion(f"undo delta held for version {start} is from version {undo.newer}")
+            chain.append(undo)
+            start = undo.newer
+
+    def rebuild_cost(self, version: int) -> int:
+        """How many undo deltas rebuilding held `version` applies now (0: whole or cached). KeyError: not held."""
+        with self.lock:
+            return len(self._chain_to(version)[2])
+
+    def available_now(self, version: int) -> bool:
+        """Whether `state_now(version)` returns the weights at once, or at the cost of at most
+        `inline_undo` undo deltas (True too for a version not held: state_now raises at once)."""
+        with self.lock:
+            if version not in self.hashes:
+                return True
+            return self.inline_undo is None or len(self._chain_to(version)[2]) <= self.inline_undo
+
+    def state_now(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The weights of held `version` for a reader that must not wait long (KeyError: not held):
+        whole, cached or rebuilt behind at once; within `inline_undo` undo deltas of one of those,
+        rebuilt here (`state`); further, None: its rebuild is under way in the background thread
+        (BackgroundRebuilds), and a later call returns it. The rebuilt version is kept behind until
+        read (and a while after), so a reader that comes back finds it."""
+        with self.lock:
+            found = self._held_state(version)
+            if found is not None:
+                return found
+            cost = len(self._chain_to(version)[2])
+        if self.inline_undo is None or cost <= self.inline_undo:
+            return self.state(version)
+        self.behind.request(version)
+        return None
+
+    def _rebuild(self, version: int, extra: tuple[int, dict] | None = None, *, where: str = "inline") -> dict[str, torch.Tensor]:
+        """Held `version` rebuilt from the nearest newer state (`_chain_to`), its hash checked; not
+        cached (the caller keeps it where it belongs). `where`: whose count of applied undo deltas."""
+        with self.lock:
+            start, base, chain = self._chain_to(version, extra)
+            base_hash, want = self.hashes[start], self.hashes[version]
+        if not chain:
+            return base
+        state = apply_chain(base, base_hash, chain[::-1])
+        with self.lock:
+            self.undo_applied[where] += len(chain)
+        if state_hash(state) != want:
+            raise CorruptVersion(f"version {version} rebuilt through {len(chain)} undo deltas does not match its hash")
+        return state
 
     def state(self, version: int) -> dict[str, torch.Tensor]:
         """The weights of held `version` (KeyError: not held): whole, cached, or rebuilt from the
@@ -285,32 +392,17 @@ class VersionStore:
         from the version and hash the last one ended at), which costs no pass over the weights; a
         corrupted undo delta anywhere in the chain makes the end's hash differ."""
         with self.lock:
-            found = self._whole.get(version)
-            if found is None and version in self._cache:
-                self._cache.move_to_end(version)
-                found = self._cache[version]
+            found = self._held_state(version)
             if found is not None:
                 return found
             if version not in self.hashes:
                 raise KeyError(f"version {version} is not held here")
         with self._rebuilding:
             with self.lock:  # (another thread may have rebuilt it meanwhile)
-                if version in self._cache:
-                    return self._cache[version]
-                chain, start = [], version
-                while start not in self._whole and start not in self._cache:
-                    if start not in self._undo:
-                        raise KeyError(f"version {version} is held but cannot be rebuilt (no undo delta of {start})")
-                    undo = self._undo[start]
-                    if undo.newer <= start:  # (never: each is rebuilt from a newer version)
-                        raise CorruptVersion(f"undo delta held for version {start} is from version {undo.newer}")
-                    chain.append(undo)
-                    start = undo.newer
-                base = self._whole[start] if start in self._whole else self._cache[start]
-                base_hash, want = self.hashes[start], self.hashes[version]
-            state = apply_chain(base, base_hash, chain[::-1])
-            if state_hash(state) != want:
-                raise CorruptVersion(f"version {version} rebuilt through {len(chain)} undo deltas does not match its hash")
+                found = self._held_state(version)
+                if found is not None:
+                    return found
+            state = self._rebuild(version)
             with self.lock:
                 if version in self.hashes and self.cached_states > 0:
                     self._cache[version] = state
@@ -340,10 +432,19 @@ class VersionStore:
         return [self._snapshot_of(want)]
 
     def _snapshot_of(self, version: int) -> bytes:
+        """The snapshot of held `version`. HolderBusy (ask again shortly: no blame) while an old
+        version is rebuilt in the background: a request must not hold its server thread (and
+        upload slot) for a rebuild through tens of undo deltas (state_now)."""
         cached = self._snapshot
         if cached is not None and cached[0] == version:
             return cached[1]
-        snapshot = encode_snapshot(self.state(version), version)
+        encoder = self.snapshot_encoder
+        snapshot = encoder(version) if encoder is not None else None
+        if snapshot is None:
+            state = self.state_now(version)
+            if state is None:
+                raise HolderBusy(f"version {version} is being rebuilt here from undo deltas; ask again shortly")
+            snapshot = encode_snapshot(state, version)
         self._snapshot = (version, snapshot)
         return snapshot
 
