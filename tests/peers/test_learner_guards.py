@@ -47,7 +47,7 @@ class OneSnapshot:
         self.payload = payload
 
     def fetch(self, holder, want, want_hash, store):
-        from swarm.fabric.weights.versions import RebuildingClient
+        from swarm.fabric.weights.rebuilding_client import RebuildingClient
 
         client = RebuildingClient()
         client._payloads = lambda *_: [self.payload]

@@ -15,12 +15,11 @@ from swarm.fabric.weights.announcement_push import PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import FORWARD_PIECE_BYTES, ChunkCutOff, ChunkFeed, chunk_answer, slot_share, takes_slot
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy, UploadSlots
+from swarm.fabric.weights.rebuilding_client import RebuildingClient, refuse_unless_ok
 from swarm.fabric.weights.versions import (
     HEADER_LIMIT,
-    RebuildingClient,
     check_payload_count,
     check_payload_size,
-    refuse_unless_ok,
     send_deadline,
 )
 

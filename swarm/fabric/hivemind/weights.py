@@ -35,14 +35,13 @@ from swarm.fabric.weights.delta import (
     CorruptVersion,
 )
 from swarm.fabric.weights.upload_slots import HolderBusy, UploadSlots
+from swarm.fabric.weights.rebuilding_client import RebuildingClient, refuse_unless_ok
 from swarm.fabric.weights.versions import (
     HEADER_LIMIT,
     WEIGHT_REQUEST_LIMIT,
-    RebuildingClient,
     VersionStore,
     check_payload_count,
     check_payload_size,
-    refuse_unless_ok,
     send_deadline,
 )
 
