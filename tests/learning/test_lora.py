@@ -252,3 +252,27 @@ def test_swarm_eval_lora_r_evaluates_a_lora_checkpoint_of_that_rank_and_refuses_
     assert out.exit_code == 0, out.output
     result = json.loads(out.stdout[out.stdout.index("{"):])
     assert result["num_problems"] == 2 and result["model"] == str(path)
+
+
+def test_gradient_checkpointing_gives_a_lora_run_the_same_gradients(lora_model):
+    """PEFT with a frozen embedding: reentrant checkpointing would pass no gradient to the adapters
+    (the checkpointed blocks' inputs need none); LearnerCore's non-reentrant checkpointing gives
+    the adapter the gradients it has without checkpointing."""
+    from swarm.lora import trainable_parameters
+    from swarm.rollouts import RolloutGroup
+    from swarm.training import LearnerCore
+
+    model, tokenizer = lora_model
+    trained(model)  # B away from zero: A's gradient is B's transpose times the rest
+    grads = {}
+    for checkpointing in (False, True):
+        copy_ = copy.deepcopy(model)
+        core = LearnerCore(copy_, tokenizer.pad_token_id, learning_rate=1e-3, lr_warmup_steps=0,
+                           gradient_checkpointing=checkpointing)
+        core.optimizer.step = lambda: None  # the gradients are compared, not the step
+        core.step([RolloutGroup(problem_id="p", prompt_ids=[5, 9, 14, 3], completion_ids=[[7, 21, 4], [30, 2, 11, 6]],
+                                sampler_logprobs=[[-2.0] * 3, [-2.0] * 4], rewards=[1.0, 0.0], version=0, sampler_id="t")])
+        grads[checkpointing] = [p.grad for p in trainable_parameters(copy_)]
+    assert len(grads[True]) == len(grads[False]) > 0 and all(g is not None for g in grads[True])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[False], grads[True]))
+    assert any(float(g.abs().max()) > 0 for g in grads[True])
