@@ -132,9 +132,10 @@ class LearnerTeam:
         return 1 + len(others)
 
     def _start_group(self) -> None:
-        self.group = self.fabric.learner_group(trainable_parameters(self.core.model))
+        averaged = trainable_parameters(self.core.model)  # a LoRA run's adapter alone: its base is frozen
+        self.group = self.fabric.learner_group(averaged)
         if self.events is not None:
-            self.events.event("learner_group", peer_id=self.group.peer_id)
+            self.events.event("learner_group", peer_id=self.group.peer_id, elements=sum(p.numel() for p in averaged))
 
     # --- one round (LearnerCore.gradient_averager) ---
     def __call__(self, grads, rows: int, version: int) -> AveragingOutcome:

@@ -32,6 +32,9 @@ def eval_command(config_file, as_json, **options):
     from swarm.evaluation import evaluate  # torch: imported when `swarm eval` runs, not at `swarm --help`
 
     config = config_from_options("eval", config_file, options)
+    if config.lora_r:
+        with user_errors():
+            check_lora_checkpoint(config.model, config.lora_r)
     with user_errors(OSError, ImportError):  # an unreadable file, a missing optional extra (--backend vllm)
         result = evaluate(
             config.model, config.task, split=config.split, limit=config.eval_problems, samples=config.eval_samples,
@@ -66,6 +69,27 @@ def eval_command(config_file, as_json, **options):
                       f"{shown['answer']!r}, reward {reward}", markup=False, highlight=False)
         console.print(shown["prompt"] + shown["completion"], markup=False, highlight=False)
     console.print(table)
+
+
+def check_lora_checkpoint(model: str, r: int) -> None:
+    """`swarm eval --lora-r r`: `model` must be a LoRA run's checkpoint of rank r. A fresh adapter
+    starts with B at zero, so evaluating one is evaluating its base: a ValueError saying what to
+    pass instead (the newest checkpoint, when `model` is a learner's run directory)."""
+    from swarm.checkpoint import latest_checkpoint
+    from swarm.lora import adapter_rank, is_adapter_dir
+
+    path = Path(model).expanduser()
+    if is_adapter_dir(path):
+        if adapter_rank(path) != r:
+            raise ValueError(f"--lora-r {r}: {model} is the checkpoint of a LoRA run of rank {adapter_rank(path)}; pass "
+                             f"--lora-r {adapter_rank(path)}, or leave --lora-r out (a checkpoint says its own rank)")
+        return
+    newest = latest_checkpoint(path) if path.is_dir() else None
+    instead = (f"{model} is a learner's run directory: pass its newest checkpoint, --model {newest.path}" if newest else
+               "pass --model RUN_DIR/checkpoints/version-N, a LoRA learner's checkpoint (its adapter_config.json names "
+               "its base model and rank)")
+    raise ValueError(f"--lora-r {r}: --model {model} is no LoRA checkpoint, and a fresh rank-{r} adapter is the base "
+                     f"model itself (its B starts at zero): {instead}; or leave --lora-r out to evaluate {model} as it is")
 
 
 @click.command("demo", cls=GroupedCommand)

@@ -19,6 +19,7 @@ from swarm.config.settings import (
     EvalSettings,
     GenerationSettings,
     ListenHost,
+    LoraSettings,
     LossConfig,
     ReportSettings,
     SwarmSettings,
@@ -257,6 +258,11 @@ class EvalConfig(TaskSettings, EvalSettings):
     device: str = same_as(SamplerConfig, "device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = same_as(SamplerConfig, "dtype")
     seed: int = same_as(TrainingSettings, "seed")
+    lora_r: int = same_as(
+        LoraSettings, "lora_r",
+        help="the rank of the LoRA run whose checkpoint --model is (RUN_DIR/checkpoints/version-N: its adapter over the base "
+             "its adapter_config.json names), checked against the checkpoint's own; a fresh adapter is the base model "
+             "itself, so any other --model is refused (0: no check, any model)")
 
     _completion_length = model_validator(mode="after")(real_model_completion_length)
 

@@ -218,3 +218,61 @@ def test_the_vllm_engine_rank_is_one_vllm_accepts():
     assert [engine_lora_rank(r) for r in (1, 4, 8, 9, 16, 300, 512)] == [8, 8, 8, 16, 16, 320, 512]
     with pytest.raises(ValueError, match="up to rank 512"):
         engine_lora_rank(1024)
+
+
+def test_swarm_eval_lora_r_evaluates_a_lora_checkpoint_of_that_rank_and_refuses_anything_else(lora_model, tmp_path):
+    """`swarm eval --lora-r R` evaluates a LoRA run's checkpoint (its adapter merged into the base its
+    adapter_config.json names) and checks its rank; a base model is refused (a fresh adapter is the
+    base itself), and a learner's run directory is answered with its newest checkpoint's path."""
+    import json
+
+    from click.testing import CliRunner
+
+    from swarm.checkpoint import save_checkpoint
+    from swarm.cli import main
+    from swarm.fabric.weights.delta import state_hash
+    from swarm.lora import base_state, policy_state
+
+    model, tokenizer = lora_model
+    optimizer = trained(model)
+    path = save_checkpoint(tmp_path, model, tokenizer, optimizer, version=2, digest=state_hash(policy_state(model)),
+                           config={"model": "embedded", "lora_r": 4}, base_hash=state_hash(base_state(model)))
+    runner = CliRunner()
+    quick = ["--eval-problems", "2", "--eval-samples", "1", "--max-completion-length", "8", "--no-greedy"]
+
+    def refused(*args) -> str:
+        out = runner.invoke(main, ["eval", *args, *quick])
+        assert out.exit_code == 2, out.output
+        return " ".join(out.output.split())  # click wraps long lines
+
+    assert "LoRA run of rank 4; pass --lora-r 4" in refused("--model", str(path), "--lora-r", "8")
+    assert "is no LoRA checkpoint" in refused("--model", "embedded", "--lora-r", "4")
+    assert f"pass its newest checkpoint, --model {path}" in refused("--model", str(tmp_path), "--lora-r", "4")
+    out = runner.invoke(main, ["eval", "--model", str(path), "--lora-r", "4", *quick, "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout[out.stdout.index("{"):])
+    assert result["num_problems"] == 2 and result["model"] == str(path)
+
+
+def test_gradient_checkpointing_gives_a_lora_run_the_same_gradients(lora_model):
+    """PEFT with a frozen embedding: reentrant checkpointing would pass no gradient to the adapters
+    (the checkpointed blocks' inputs need none); LearnerCore's non-reentrant checkpointing gives
+    the adapter the gradients it has without checkpointing."""
+    from swarm.lora import trainable_parameters
+    from swarm.rollouts import RolloutGroup
+    from swarm.training import LearnerCore
+
+    model, tokenizer = lora_model
+    trained(model)  # B away from zero: A's gradient is B's transpose times the rest
+    grads = {}
+    for checkpointing in (False, True):
+        copy_ = copy.deepcopy(model)
+        core = LearnerCore(copy_, tokenizer.pad_token_id, learning_rate=1e-3, lr_warmup_steps=0,
+                           gradient_checkpointing=checkpointing)
+        core.optimizer.step = lambda: None  # the gradients are compared, not the step
+        core.step([RolloutGroup(problem_id="p", prompt_ids=[5, 9, 14, 3], completion_ids=[[7, 21, 4], [30, 2, 11, 6]],
+                                sampler_logprobs=[[-2.0] * 3, [-2.0] * 4], rewards=[1.0, 0.0], version=0, sampler_id="t")])
+        grads[checkpointing] = [p.grad for p in trainable_parameters(copy_)]
+    assert len(grads[True]) == len(grads[False]) > 0 and all(g is not None for g in grads[True])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[False], grads[True]))
+    assert any(float(g.abs().max()) > 0 for g in grads[True])

@@ -1,0 +1,133 @@
+"""Several learners of one LoRA run, as real processes on loopback (a bootstrap node, two learners,
+a sampler): they average the adapter's gradients alone and publish the same adapter at every
+version; a learner of another rank, or over another base model, is refused before it joins, with
+a message naming what the run trains and what to start it with. Kept small (the embedded policy, a
+few steps): tests/fabric/hivemind/test_learners.py covers kills and late joiners at length."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from swarm.runlog import read_jsonl, wait_ready
+
+SWARM = [sys.executable, "-m", "swarm.cli"]
+LORA = ["--lora-r", "4", "--lora-alpha", "8"]
+LEARNER = ["--steps", "1000", "--groups-per-step", "2", "--checkpoint-every", "0", "--max-completion-length", "12",
+           "--averaging-timeout-s", "20"]
+
+
+def test_lora_learners_average_the_adapter_alone_and_refuse_another_rank_or_base(tmp_path):
+    from swarm.config.settings import LORA_TARGET_MODULES
+    from swarm.fabric.membership.authority import issue
+    from swarm.fabric.membership.identity import load_existing_signing_key, load_or_create_signing_key
+    from swarm.fabric.signing import owner_key
+    from swarm.lora import wrap_lora
+    from swarm.model.loading import load_policy
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs, logs = {}, {}
+
+    def spawn(name, *args):
+        logs[name] = tmp_path / f"{name}.log"
+        with logs[name].open("w") as log:
+            procs[name] = subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
+
+    def tail(name=None):
+        return "\n".join(f"--- {n}\n{logs[n].read_text()[-2500:]}" for n in ([name] if name else logs))
+
+    def ready(name):
+        found = wait_ready(tmp_path / name, timeout_s=180, alive=lambda: procs[name].poll() is None)
+        assert found is not None, tail(name)
+        return found
+
+    def wait_for(condition, timeout_s, what):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if condition():
+                return
+            dead = [n for n in ("boot", "owner", "sampler", "second") if n in procs and procs[n].poll() is not None]
+            assert not dead, f"{dead} stopped while waiting for {what}\n{tail()}"
+            time.sleep(0.2)
+        raise AssertionError(f"{what} within {timeout_s}s\n{tail()}")
+
+    def events(name, kind):
+        path = tmp_path / name / "events.jsonl"
+        return [e for e in read_jsonl(path) if e["event"] == kind] if path.exists() else []
+
+    def steps(name):
+        path = tmp_path / name / "steps.jsonl"
+        return read_jsonl(path) if path.exists() else []
+
+    def certified(name):
+        """A learner's arguments with the owner's certificate for its key (as `swarm learner-key` and
+        `swarm authorize` make them, in this process: two CLI starts fewer per learner)."""
+        identity = tmp_path / f"{name}-id"
+        key = load_or_create_signing_key(identity / "learner.sign.key")
+        token = issue(load_existing_signing_key(owner["owner_key_file"]), "swarm", owner_key(key)).token
+        return ["--run-dir", str(tmp_path / name), "--identity-dir", str(identity), "--certificate", token]
+
+    # the adapter's size on this model (the learners' default targets); and another base: the
+    # embedded policy with one tensor changed
+    adapter_elements = sum(p.numel() for p in wrap_lora(load_policy("embedded")[0], r=4, alpha=8,
+                                                         target_modules=LORA_TARGET_MODULES).parameters() if p.requires_grad)
+    other = tmp_path / "other-base"
+    base, tokenizer = load_policy("embedded")
+    with torch.no_grad():
+        base.model.norm.weight.mul_(1.01)
+    base.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    del base
+    try:
+        spawn("boot", "bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(tmp_path / "boot.key"),
+              "--run-dir", str(tmp_path / "boot"))
+        addr = ready("boot")["addresses"][0]
+        spawn("owner", "learner", "--peers", addr, "--run-dir", str(tmp_path / "owner"), "--identity-dir",
+              str(tmp_path / "owner-id"), *LORA, *LEARNER)
+        owner = ready("owner")
+        spawn("sampler", "sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "owner" / "learner.key"),
+              "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(tmp_path / "sampler-id"),
+              "--run-dir", str(tmp_path / "sampler"))
+        # the run's adapter is in the owner's signed announcements once it has published a version
+        joiners = {name: certified(name) for name in ("second", "rank8", "other")}
+        ready("sampler")
+        wait_for(lambda: events("owner", "published"), 120, "the owner's first version")
+        spawn("second", "learner", "--peers", addr, *joiners["second"], *LORA, *LEARNER)
+        spawn("rank8", "learner", "--peers", addr, *joiners["rank8"], "--lora-r", "8", "--lora-alpha", "8", *LEARNER)
+        spawn("other", "learner", "--peers", addr, *joiners["other"], "--model", str(other), *LORA, *LEARNER)
+
+        for name, theirs in (("rank8", "LoRA r=8"), ("other", "LoRA r=4")):
+            assert procs[name].wait(timeout=240) != 0, tail(name)
+            said = " ".join(logs[name].read_text().split())
+            assert "run 'swarm' trains LoRA r=4, alpha=8" in said and f"this learner {theirs}" in said, tail(name)
+            assert "start it with the run's --model and --lora-r" in said, tail(name)
+            assert not steps(name) and not events(name, "learner_group"), tail(name)
+        # the other base differs in its hash alone: the message names both hashes
+        other_said = " ".join(logs["other"].read_text().split())
+        assert other_said.count("over base ") == 2
+
+        # the two learners average the adapter's gradients (its elements, not the model's) and
+        # publish the same adapter at every version both published
+        def published(name):
+            return {e["version"]: e["hash"] for e in events(name, "published")}
+
+        def together():
+            common = set(published("owner")) & set(published("second"))
+            return len([s for s in steps("second") if s.get("learners") == 2.0]) >= 2 and len(common) >= 2
+
+        wait_for(together, 300, "two learners stepping together on two versions")
+        assert [e["elements"] for n in ("owner", "second") for e in events(n, "learner_group")][:2] == [adapter_elements] * 2
+        common = sorted(set(published("owner")) & set(published("second")))
+        assert all(published("owner")[v] == published("second")[v] for v in common), common
+        for name in ("owner", "second"):
+            procs[name].send_signal(signal.SIGTERM)
+        for name in ("owner", "second"):
+            assert procs[name].wait(timeout=120) == 0, tail(name)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
