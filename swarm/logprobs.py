@@ -271,7 +271,9 @@ def _bucket_hidden(decoder, rows: list[int], widths: tuple[int, int], real: int,
     completion (right-padded) -> the hidden states that predict their real completion tokens
     (N, H) and those tokens' flat positions in (B * Tc). Positions follow the attention mask, as in
     generation, so neither cut shifts them. widths: the rows' longest prompt and completion (at least 1),
-    known on the host, and `real`: their real completion tokens, so that nothing here waits for the device."""
+    known on the host, and `real`: their real completion tokens, so that nothing here waits for the device
+    (transformers' mask code still reads one value back per run: whether the mask can be skipped, or with
+    none, whether rows are packed)."""
     index = torch.tensor(rows, device=prompt_ids.device)
     tp, t = prompt_ids.size(1), completion_ids.size(1)
     keep_p, keep_c = widths
