@@ -47,6 +47,7 @@ from benchmarks.gpu_sections import FULL, SECTION_FUNCTIONS, SECTIONS, SMALL, Ru
 def run_section_here(run: Run, result: Path) -> int:
     """A section in this process (the child's side): its figures, or its error, into `result`."""
     started = time.time()
+    run.keep_partial = lambda figures: result.write_text(json.dumps({**figures, "partial": True}, default=str))
     try:
         figures = SECTION_FUNCTIONS[run.section](run)
     except Exception as exc:  # noqa: BLE001  recorded: the other sections still run
@@ -73,8 +74,10 @@ def run_isolated(name: str, args: argparse.Namespace, size: Size, t0: float, end
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        partial = result.read_text() if result.exists() else ""  # what the section kept of its figures (Run.keep_partial)
         result.unlink(missing_ok=True)
-        return {"error": f"killed after {time.time() - started:.0f} s (budget {budget:.0f} s, and a grace)",
+        return {**(json.loads(partial) if partial else {}),
+                "error": f"killed after {time.time() - started:.0f} s (budget {budget:.0f} s, and a grace)",
                 "section_s": time.time() - started}
     text = result.read_text() if result.exists() else ""
     result.unlink(missing_ok=True)
@@ -194,7 +197,8 @@ def variant_tables(variants: list[dict]) -> list[str]:
     for v in variants:
         label = [v["variant"], v["micro_batch_groups"], v["gradient_checkpointing"]]
         if "tokens_per_s" not in v:
-            speed.append(label + [v.get("skipped") or "out of memory"] + [""] * 5)
+            why = v.get("skipped") or v.get("error") or "out of memory"
+            speed.append(label + [why[:200].replace("|", "/").replace("\n", " ")] + [""] * 5)
             continue
         speed.append(label + [f"{v['tokens_per_s']:.0f}", f"{v['first_step_s']:.1f}", mib(v["peak_bytes"]),
                               share(v["model_flops_share"]), share(v.get("model_flops_share_with_attention"))])

@@ -116,6 +116,8 @@ class Run:
     t0: float  # when the whole check started (progress lines count from it)
     deadline: float  # when this section should be done (time.time())
     section: str = ""
+    # the section's figures so far, kept where a kill past the budget leaves them (gpu_check.run_section_here)
+    keep_partial: Callable[[dict], None] = lambda figures: None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -390,6 +392,12 @@ def learner(run: Run) -> dict:
     model = build_model(run)
     groups = synthetic_groups(run.size.learner, model.config.vocab_size)
     gc.freeze()  # what exists now (modules, the model) is never garbage: each configuration's collection skips it
+    shape = run.size.learner
+    about_run = {"parameters": sum(p.numel() for p in model.parameters()), "master_dtype": "float32",
+                 "autocast": run.dtype if run.dtype != "float32" else None, "groups_per_step": shape.prompts,
+                 "completions_per_group": shape.completions, "prompt_tokens": shape.prompt_tokens,
+                 "completion_tokens": shape.new_tokens, "peak_tflops": peak_tflops(run),
+                 "gpu": torch.cuda.get_device_name() if run.cuda else None}
     rows = []
     for checkpointing in (False, True):
         for micro in run.size.micro_batches:
@@ -398,6 +406,7 @@ def learner(run: Run) -> dict:
                              "skipped": "the section's time budget was spent"})
                 continue
             rows.append(learner_config(run, model, groups, micro, checkpointing))
+            run.keep_partial({**about_run, "configs": rows})
             run.say(f"micro-batch {micro}, checkpointing {checkpointing}: "
                     + (f"{rows[-1]['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in rows[-1] else "out of memory"))
     variants = []
@@ -410,16 +419,18 @@ def learner(run: Run) -> dict:
         elif run.left() < v.needs_s:
             variants.append({**about, "skipped": f"{run.left():.0f} s of the section's budget left, {v.needs_s:.0f} s needed"})
         else:
-            variants.append(learner_config(run, model, groups, v.micro_batch_groups, v.gradient_checkpointing, v))
+            run.keep_partial({**about_run, "configs": rows, "variants": variants + [{**about, "error": "did not finish"}]})
+            try:  # a variant that fails (compiling, say) is recorded, and the others still run
+                variants.append(learner_config(run, model, groups, v.micro_batch_groups, v.gradient_checkpointing, v))
+            except Exception as exc:  # noqa: BLE001
+                variants.append({**about, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+                run.say(f"variant {v.name} failed: {variants[-1]['error'][:300]}")
+                continue
+            run.keep_partial({**about_run, "configs": rows, "variants": variants})
             run.say(f"variant {v.name}, micro-batch {v.micro_batch_groups}, checkpointing {v.gradient_checkpointing}: "
                     + (f"{variants[-1]['tokens_per_s']:.0f} tokens/s, first step {variants[-1]['first_step_s']:.1f} s"
                        if "tokens_per_s" in variants[-1] else "out of memory"))
-    shape = run.size.learner
-    return {"parameters": sum(p.numel() for p in model.parameters()), "master_dtype": "float32",
-            "autocast": run.dtype if run.dtype != "float32" else None, "groups_per_step": shape.prompts,
-            "completions_per_group": shape.completions, "prompt_tokens": shape.prompt_tokens,
-            "completion_tokens": shape.new_tokens, "peak_tflops": peak_tflops(run),
-            "gpu": torch.cuda.get_device_name() if run.cuda else None, "configs": rows, "variants": variants}
+    return {**about_run, "configs": rows, "variants": variants}
 
 
 def published(model, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
