@@ -84,6 +84,15 @@ def head_chunk_logits_grad(logits: Tensor, totals: Tensor, grad: Tensor, tokens:
     return dlogits.to(logits.dtype)
 
 
+def fusable_head_chunk_logits_grad(logits: Tensor, totals: Tensor, grad: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """head_chunk_logits_grad written for torch.compile: out of place, the one-hot term a comparison with
+    the column index rather than a scatter, so that the whole pass is one elementwise kernel that reads the
+    logits once and writes their gradient once (eager, the comparison would be one more full pass)."""
+    probs = torch.exp(logits.float() / temperature - totals[:, None])
+    onehot = torch.arange(logits.size(-1), device=logits.device)[None, :] == tokens[:, None]
+    return (grad[:, None] * (onehot.float() - probs) / temperature).to(logits.dtype)
+
+
 class HeadPasses(NamedTuple):
     """The two full-vocabulary passes of ChunkedHeadLogprobs (see head_chunk_logprobs, head_chunk_logits_grad)."""
 
@@ -101,7 +110,8 @@ def compiled_head_passes() -> HeadPasses:
     path's five to six float32 passes over (chunk, vocabulary). Compiled on first use (seconds), with
     dynamic shapes (the last chunk is shorter); the results equal the eager ones up to float rounding
     (tests/learning/test_learner_speed.py)."""
-    return HeadPasses(torch.compile(head_chunk_logprobs, dynamic=True), torch.compile(head_chunk_logits_grad, dynamic=True))
+    return HeadPasses(torch.compile(head_chunk_logprobs, dynamic=True),
+                      torch.compile(fusable_head_chunk_logits_grad, dynamic=True))
 
 
 class ChunkedHeadLogprobs(torch.autograd.Function):

@@ -1,6 +1,6 @@
 """The learner's speed options (swarm/training.py: TrainingSettings.torch_compile and
 optimizer_implementation) take the same step as the eager, torch-default learner up to float
-rounding, on a real (tiny) Qwen3; and the head's eager passes give what their formula does."""
+rounding, on a real (tiny) Qwen3; and the head's passes (eager, and as compiled) give what their formula does."""
 
 import copy
 
@@ -9,7 +9,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from swarm.config import TrainingSettings
-from swarm.logprobs import EAGER_HEAD
+from swarm.logprobs import EAGER_HEAD, fusable_head_chunk_logits_grad
 from swarm.rollouts import RolloutGroup
 from swarm.training import LearnerCore, compile_decoder_layers, make_adamw
 
@@ -87,7 +87,7 @@ def test_compile_options_are_checked():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_eager_head_passes_in_bf16_match_their_formula(temperature):
+def test_head_passes_in_bf16_match_their_formula(temperature):
     g = torch.Generator().manual_seed(0)
     logits = (3 * torch.randn(5, 301, generator=g)).to(torch.bfloat16)
     tokens = torch.randint(0, 301, (5,), generator=g)
@@ -99,5 +99,7 @@ def test_eager_head_passes_in_bf16_match_their_formula(temperature):
     dlogits = EAGER_HEAD.logits_grad(logits.clone(), totals, grad, tokens, temperature)
     onehot = torch.nn.functional.one_hot(tokens, 301).float()
     expected = grad[:, None] * (onehot - scaled.softmax(-1)) / temperature
-    assert dlogits.dtype == torch.bfloat16
-    assert torch.allclose(dlogits.float(), expected.to(torch.bfloat16).float(), atol=1e-2, rtol=1e-2)
+    fusable = fusable_head_chunk_logits_grad(logits, totals, grad, tokens, temperature)  # what is compiled
+    for result in (dlogits, fusable):
+        assert result.dtype == torch.bfloat16
+        assert torch.allclose(result.float(), expected.to(torch.bfloat16).float(), atol=1e-2, rtol=1e-2)
