@@ -8,7 +8,8 @@ memory is recorded, with its error, and the others still run; GPU memory peaks a
   vocabulary): completion tokens/s and peak memory above the weights;
 - learner: `LearnerCore.step` at that shape, float32 master weights under bf16 autocast on a GPU:
   tokens/s, peak memory and share of the GPU's peak bf16 FLOPs, micro-batches of 1, 2 and 4 groups,
-  gradient checkpointing off and on;
+  gradient checkpointing off and on; then variants, each speed option on top of the one before (fused AdamW,
+  the compiled log-prob head, compiled decoder layers), each with where its step's time goes (phases, kernels);
 - delta: encode (both hashes included) and apply+verify of the bf16 delta after one AdamW step at
   lr 1e-6, and the snapshot, at that shape;
 - publish: learner steps/s at that shape with the background publisher on, its encoding in a thread
@@ -46,6 +47,7 @@ from benchmarks.gpu_sections import FULL, SECTION_FUNCTIONS, SECTIONS, SMALL, Ru
 def run_section_here(run: Run, result: Path) -> int:
     """A section in this process (the child's side): its figures, or its error, into `result`."""
     started = time.time()
+    run.keep_partial = lambda figures: result.write_text(json.dumps({**figures, "partial": True}, default=str))
     try:
         figures = SECTION_FUNCTIONS[run.section](run)
     except Exception as exc:  # noqa: BLE001  recorded: the other sections still run
@@ -72,8 +74,10 @@ def run_isolated(name: str, args: argparse.Namespace, size: Size, t0: float, end
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        partial = result.read_text() if result.exists() else ""  # what the section kept of its figures (Run.keep_partial)
         result.unlink(missing_ok=True)
-        return {"error": f"killed after {time.time() - started:.0f} s (budget {budget:.0f} s, and a grace)",
+        return {**(json.loads(partial) if partial else {}),
+                "error": f"killed after {time.time() - started:.0f} s (budget {budget:.0f} s, and a grace)",
                 "section_s": time.time() - started}
     text = result.read_text() if result.exists() else ""
     result.unlink(missing_ok=True)
@@ -105,10 +109,11 @@ def _headline(name: str, r: dict) -> str:
         return f"{r['tokens_per_s']:.0f} tokens/s; peak above weights {above / 2**20:.0f} MiB" if above is not None \
             else f"{r['tokens_per_s']:.0f} tokens/s"
     if name == "learner":
-        done = [c for c in r["configs"] if "tokens_per_s" in c]
+        done = [c for c in r["configs"] + r.get("variants", []) if "tokens_per_s" in c]
         best = max(done, key=lambda c: c["tokens_per_s"]) if done else None
         share = f", {best['model_flops_share']:.0%} of peak" if best and best["model_flops_share"] else ""
-        return (f"best {best['tokens_per_s']:.0f} tokens/s (micro {best['micro_batch_groups']}, checkpointing "
+        variant = f"{best['variant']}, " if best and "variant" in best else ""
+        return (f"best {best['tokens_per_s']:.0f} tokens/s ({variant}micro {best['micro_batch_groups']}, checkpointing "
                 f"{best['gradient_checkpointing']}{share})" if best else "no configuration ran")
     if name == "delta":
         return (f"delta {r['delta_bytes'] / 2**20:.1f} MiB ({r['delta_fraction']:.2%} of the snapshot); encode "
@@ -143,6 +148,8 @@ def markdown(figures: dict) -> str:
                                       share(c["hardware_flops_share"])] if "tokens_per_s" in c
                                      else [c.get("skipped") or "out of memory", "", "", "", ""])]
                                   for c in learner_result["configs"]])]
+    if learner_result.get("variants"):
+        lines += variant_tables(learner_result["variants"])
     gap = sections.get("verification_gap", {})
     if gap.get("by_sampler_dtype"):
         lines += ["\n## Honest verification gap (per-completion mean |q - p|, learner in float32)\n",
@@ -163,7 +170,10 @@ HOW = """- Model: Qwen3's architecture with random (seeded) weights, at Qwen3-0.
 - Learner: `LearnerCore.step` on synthetic groups (random tokens, full length), float32 master weights and AdamW
   under bf16 autocast, log-probs in chunks of 2,048 tokens; one warm-up step, then one measured. FLOPs share:
   6 x parameters x tokens (8 x with checkpointing: the forward runs twice) over the GPU's dense bf16 peak; attention's
-  own FLOPs (about a fifth more at 1,152 tokens) are not counted, so the share is a lower bound.
+  own FLOPs (about a fifth more at 1,152 tokens) are not counted, so the share is a lower bound. Variants: each
+  speed option (TrainingSettings.optimizer_implementation, torch_compile) on top of the one before, with a step timed
+  by phase (CUDA events at LearnerCore's phase marks) and one profiled (torch.profiler: the head's device time,
+  kernels by kind, launches, syncs); benchmarks/learner_breakdown.py.
 - Delta: `encode_delta` (hashes both versions), `apply_payload_verified` (hashes base and result) and
   `encode_snapshot` of the bf16 versions before and after one step at lr 1e-6, on the host.
 - Publish: `LearnerCore.step` (all groups in one micro-batch, checkpointing on) with `Publisher` and the learner's
@@ -175,6 +185,47 @@ HOW = """- Model: Qwen3's architecture with random (seeded) weights, at Qwen3-0.
   in-place update of every weight checked by `VLLMBackend.load_state_dict(previous=...)`, then its log-probs against
   the learner's under the new weights and under the old.
 """
+
+
+def variant_tables(variants: list[dict]) -> list[str]:
+    """The learner's variants (benchmarks/gpu_sections.py: LEARNER_VARIANTS): speed and share, then where each
+    step's time went (benchmarks/learner_breakdown.py), then each one's top kernels."""
+    def seconds(value) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    speed, phases, tops = [], [], []
+    for v in variants:
+        label = [v["variant"], v["micro_batch_groups"], v["gradient_checkpointing"]]
+        if "tokens_per_s" not in v:
+            why = v.get("skipped") or v.get("error") or "out of memory"
+            speed.append(label + [why[:200].replace("|", "/").replace("\n", " ")] + [""] * 5)
+            continue
+        speed.append(label + [f"{v['tokens_per_s']:.0f}", f"{v['first_step_s']:.1f}", mib(v["peak_bytes"]),
+                              share(v["model_flops_share"]), share(v.get("model_flops_share_with_attention"))])
+        b = v.get("breakdown")
+        if not b:
+            continue
+        prof, ranges = b["profile"], b["profile"]["ranges"]
+        kinds = prof.get("kernel_kinds_s", {})
+        phases.append(label + [seconds(b["step_s"])] + [seconds(b["phases_s"].get(p)) for p in ("forward", "loss", "backward",
+                                                                                                "clip", "optimizer")]
+                      + [seconds(ranges.get(r, {}).get("device_s")) for r in ("logprobs/head_forward", "logprobs/head_backward")]
+                      + [", ".join(f"{k} {t:.3f}" for k, t in sorted(kinds.items(), key=lambda kv: -kv[1])),
+                         prof.get("kernel_launches", "-"), prof.get("host_syncs", "-"), prof["item_reads"], prof["casts"]])
+        title = f"{v['variant']}, micro-batch {v['micro_batch_groups']}, checkpointing {v['gradient_checkpointing']}"
+        tops.append(f"\n### {title}\n\n"
+                    + markdown_table(["kernel" if "kernel" in (prof["top"] or [{}])[0] else "op", "kind", "calls", "seconds"],
+                                     [[t.get("kernel", t.get("op", "")).replace("|", "/"), t.get("kind", ""), t["calls"],
+                                       t.get("device_s", t.get("host_s"))] for t in prof["top"]]))
+    return ["\n## Learner variants\n", "Each speed option on top of the one before (benchmarks/gpu_sections.py: "
+            "LEARNER_VARIANTS); first step: AdamW's state and any compiling. With attention: PaLM's 6N + 12 x layers x heads x head_dim x "
+            "sequence per token.\n",
+            markdown_table(["variant", "micro-batch groups", "checkpointing", "tokens/s", "first step s", "peak MiB",
+                            "model FLOPs share", "with attention"], speed),
+            "\n### Where a step's time goes (seconds; phases on the device's clock, ranges and kernels from a profiled step)\n",
+            markdown_table(["variant", "micro", "ckpt", "step", "forward", "loss", "backward", "clip+read-back", "optimizer",
+                            "head fwd (device)", "head bwd (device)", "kernels by kind", "launches", "syncs",
+                            "reads to host", "casts"], phases), *tops]
 
 
 def mib(value: int | None) -> str:

@@ -43,6 +43,25 @@ PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), 
 GAP_GOAL_COMPLETIONS = 1000
 
 
+class Variant(NamedTuple):
+    """A learner configuration the learner section measures with its breakdown (benchmarks/learner_breakdown.py)."""
+
+    name: str
+    micro_batch_groups: int
+    gradient_checkpointing: bool
+    torch_compile: str  # TrainingSettings.torch_compile
+    optimizer_implementation: str  # TrainingSettings.optimizer_implementation
+    needs_s: float  # seconds of the section's budget it must find left to begin (compiling included)
+
+
+# Last session's best configuration as it ran then (foreach AdamW: torch's default on CUDA), then each speed
+# option on top of the one before; "all" compiles the model's layers for good, so its variants come last.
+# Compiled layers keep fewer activations for backward, so 4 groups without checkpointing may fit.
+LEARNER_VARIANTS = (Variant("eager", 2, False, "off", "foreach", 10), Variant("fused_adamw", 2, False, "off", "fused", 10),
+                    Variant("compile_head", 2, False, "head", "fused", 40), Variant("compile_all", 2, False, "all", "fused", 120),
+                    Variant("compile_all", 4, False, "all", "fused", 60), Variant("compile_all", 4, True, "all", "fused", 60))
+
+
 class Shape(NamedTuple):
     prompts: int  # prompts, or groups
     completions: int  # per prompt
@@ -61,6 +80,7 @@ class Size:
     sampler: Shape
     learner: Shape  # groups per step; micro-batches of each of `micro_batches` groups
     micro_batches: tuple[int, ...]
+    learner_variants: tuple[Variant, ...]  # each with its breakdown; CPU (--small): compiling is left to a GPU
     delta_step: Shape
     gap: Shape
     gap_rows_per_call: int
@@ -72,11 +92,13 @@ class Size:
 
 
 FULL = Size("full", QWEN3_0_6B, sampler=Shape(16, 8, 128, 256), learner=Shape(4, 8, 128, 1024), micro_batches=(1, 2, 4),
+            learner_variants=LEARNER_VARIANTS,
             delta_step=Shape(2, 4, 64, 128), gap=Shape(128, 8, 32, 256), gap_rows_per_call=512, vllm=Shape(16, 8, 128, 256),
             publish=(Shape(4, 8, 128, 1024), 2, 3), demo=("--steps", "5", "--groups-per-step", "16", "--eval-problems", "50"),
-            budgets=dict(demo=120, sampler=90, learner=55, delta=45, verification_gap=110, publish=60, vllm_sampler=120),
-            total_s=480)
+            budgets=dict(demo=120, sampler=90, learner=300, delta=45, verification_gap=110, publish=60, vllm_sampler=120),
+            total_s=570)
 SMALL = Size("small", TINY, sampler=Shape(2, 2, 8, 8), learner=Shape(4, 2, 8, 16), micro_batches=(1, 2, 4),
+             learner_variants=LEARNER_VARIANTS,
              delta_step=Shape(2, 2, 8, 8), gap=Shape(3, 2, 8, 8), gap_rows_per_call=4, vllm=Shape(2, 2, 8, 8),
              publish=(Shape(2, 2, 8, 16), 1, 2), demo=("--steps", "2", "--groups-per-step", "2", "--num-generations", "2", "--samplers", "1",
                    "--prompts-per-round", "2", "--eval-problems", "4", "--eval-samples", "1"),
@@ -94,6 +116,8 @@ class Run:
     t0: float  # when the whole check started (progress lines count from it)
     deadline: float  # when this section should be done (time.time())
     section: str = ""
+    # the section's figures so far, kept where a kill past the budget leaves them (gpu_check.run_section_here)
+    keep_partial: Callable[[dict], None] = lambda figures: None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -203,8 +227,10 @@ class PeakMemory:
 
 
 def free_memory(device: str) -> None:
-    gc.collect()
+    """What a CUDA out-of-memory error's frames held, back to the device (a CPU's allocator needs no
+    collection: one costs a second or more with transformers loaded, so it is skipped there)."""
     if device.startswith("cuda"):
+        gc.collect()
         torch.cuda.empty_cache()
 
 
@@ -310,37 +336,68 @@ def set_checkpointing(model, on: bool) -> None:
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
 
 
-def learner_config(run: Run, model, groups: list[RolloutGroup], micro: int, checkpointing: bool) -> dict:
+def flops_shares(run: Run, model, tokens: int, seconds: float, checkpointing: bool) -> dict:
+    """Model FLOPs (6 x parameters x tokens), the hardware's (8 x with checkpointing) and the model's with
+    attention (PaLM's 6N + 12 x layers x heads x head_dim x sequence per token; arXiv:2204.02311, appendix B),
+    each over the GPU's dense bf16 peak; None without a known peak."""
+    peak = peak_tflops(run)
+    params = sum(p.numel() for p in model.parameters())
+    shape, config = run.size.learner, model.config
+    sequence = shape.prompt_tokens + shape.new_tokens
+    attention = 12 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * sequence
+    flops = {"model_flops_share": 6 * params * tokens, "hardware_flops_share": (8 if checkpointing else 6) * params * tokens,
+             "model_flops_share_with_attention": (6 * params + attention) * tokens}
+    return {k: v / seconds / (peak * 1e12) if peak else None for k, v in flops.items()}
+
+
+def learner_config(run: Run, model, groups: list[RolloutGroup], micro: int, checkpointing: bool,
+                   variant: Variant | None = None) -> dict:
+    """One configuration's step: a warm-up step (AdamW's state; compiling), then one timed; with a
+    variant, its options and its breakdown (benchmarks/learner_breakdown.py: phases, kernels) too."""
+    from benchmarks.learner_breakdown import breakdown, summary
+
     free_memory(run.device)  # what a previous configuration's out-of-memory error held
     set_checkpointing(model, checkpointing)
     autocast = run.torch_dtype if run.dtype != "float32" else None
     shape = run.size.learner
     tokens = shape.rows * (shape.prompt_tokens + shape.new_tokens)
     row = {"micro_batch_groups": micro, "gradient_checkpointing": checkpointing, "tokens_per_step": tokens}
+    options = {}
+    if variant is not None:
+        options = {"torch_compile": variant.torch_compile, "optimizer_implementation": variant.optimizer_implementation}
+        row = {"variant": variant.name, **row, **options}
     core = LearnerCore(model, PAD, learning_rate=1e-6, lr_warmup_steps=0, micro_batch_groups=micro,
-                       gradient_checkpointing=checkpointing, autocast_dtype=autocast)
+                       gradient_checkpointing=checkpointing, autocast_dtype=autocast, **options)
+    row["fused_adamw"] = bool(core.optimizer.defaults.get("fused"))
+    details = None
     try:
-        core.step(groups)  # warm-up: allocates AdamW's state
+        (_, row["first_step_s"]) = timed(run, core.step, groups)  # warm-up: allocates AdamW's state, compiles
         with PeakMemory(run.device) as meter:
             _, seconds = timed(run, core.step, groups)
+        if variant is not None:
+            details = breakdown(core, groups, torch.device(run.device))
+            run.say(f"{variant.name}, micro-batch {micro}, checkpointing {checkpointing}: {summary(details)}")
     except torch.cuda.OutOfMemoryError as exc:
         return {**row, "out_of_memory": str(exc).splitlines()[0][:300]}
     finally:
         del core
         model.zero_grad(set_to_none=True)
         free_memory(run.device)
-    params = sum(p.numel() for p in model.parameters())
-    peak = peak_tflops(run)
-    model_flops, hardware_flops = 6 * params * tokens, (8 if checkpointing else 6) * params * tokens
     return {**row, "step_s": seconds, "tokens_per_s": tokens / seconds, "peak_bytes": meter.peak,
-            "step_bytes_above_state": meter.above,
-            "model_flops_share": model_flops / seconds / (peak * 1e12) if peak else None,
-            "hardware_flops_share": hardware_flops / seconds / (peak * 1e12) if peak else None}
+            "step_bytes_above_state": meter.above, **flops_shares(run, model, tokens, seconds, checkpointing),
+            **({"breakdown": details} if details is not None else {})}
 
 
 def learner(run: Run) -> dict:
     model = build_model(run)
     groups = synthetic_groups(run.size.learner, model.config.vocab_size)
+    gc.freeze()  # what exists now (modules, the model) is never garbage: each configuration's collection skips it
+    shape = run.size.learner
+    about_run = {"parameters": sum(p.numel() for p in model.parameters()), "master_dtype": "float32",
+                 "autocast": run.dtype if run.dtype != "float32" else None, "groups_per_step": shape.prompts,
+                 "completions_per_group": shape.completions, "prompt_tokens": shape.prompt_tokens,
+                 "completion_tokens": shape.new_tokens, "peak_tflops": peak_tflops(run),
+                 "gpu": torch.cuda.get_device_name() if run.cuda else None}
     rows = []
     for checkpointing in (False, True):
         for micro in run.size.micro_batches:
@@ -349,14 +406,31 @@ def learner(run: Run) -> dict:
                              "skipped": "the section's time budget was spent"})
                 continue
             rows.append(learner_config(run, model, groups, micro, checkpointing))
+            run.keep_partial({**about_run, "configs": rows})
             run.say(f"micro-batch {micro}, checkpointing {checkpointing}: "
                     + (f"{rows[-1]['tokens_per_s']:.0f} tokens/s" if "tokens_per_s" in rows[-1] else "out of memory"))
-    shape = run.size.learner
-    return {"parameters": sum(p.numel() for p in model.parameters()), "master_dtype": "float32",
-            "autocast": run.dtype if run.dtype != "float32" else None, "groups_per_step": shape.prompts,
-            "completions_per_group": shape.completions, "prompt_tokens": shape.prompt_tokens,
-            "completion_tokens": shape.new_tokens, "peak_tflops": peak_tflops(run),
-            "gpu": torch.cuda.get_device_name() if run.cuda else None, "configs": rows}
+    variants = []
+    for v in run.size.learner_variants:
+        about = {"variant": v.name, "micro_batch_groups": v.micro_batch_groups,
+                 "gradient_checkpointing": v.gradient_checkpointing}
+        if v.torch_compile != "off" and not run.cuda:
+            variants.append({**about, "skipped": "compiling is judged on a GPU (tests/learning/test_learner_speed.py checks "
+                                                 "its step on a CPU)"})
+        elif run.left() < v.needs_s:
+            variants.append({**about, "skipped": f"{run.left():.0f} s of the section's budget left, {v.needs_s:.0f} s needed"})
+        else:
+            run.keep_partial({**about_run, "configs": rows, "variants": variants + [{**about, "error": "did not finish"}]})
+            try:  # a variant that fails (compiling, say) is recorded, and the others still run
+                variants.append(learner_config(run, model, groups, v.micro_batch_groups, v.gradient_checkpointing, v))
+            except Exception as exc:  # noqa: BLE001
+                variants.append({**about, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+                run.say(f"variant {v.name} failed: {variants[-1]['error'][:300]}")
+                continue
+            run.keep_partial({**about_run, "configs": rows, "variants": variants})
+            run.say(f"variant {v.name}, micro-batch {v.micro_batch_groups}, checkpointing {v.gradient_checkpointing}: "
+                    + (f"{variants[-1]['tokens_per_s']:.0f} tokens/s, first step {variants[-1]['first_step_s']:.1f} s"
+                       if "tokens_per_s" in variants[-1] else "out of memory"))
+    return {**about_run, "configs": rows, "variants": variants}
 
 
 def published(model, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:

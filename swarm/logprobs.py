@@ -8,6 +8,9 @@ fp32) and the importance ratio p/q is exactly 1 on fresh data.
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, NamedTuple
+
 import torch
 import torch.utils.checkpoint
 from torch import Tensor
@@ -54,6 +57,63 @@ def gather_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, to
     return (chosen - torch.logsumexp(processed, dim=-1)).clamp(min=MIN_LOGPROB)
 
 
+def head_chunk_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """One chunk's (rows, V) logits in the compute dtype -> float32 (log p(tokens), logsumexp): the
+    forward's full-vocabulary pass of ChunkedHeadLogprobs, eager or compiled (compiled_head_passes)."""
+    logits = logits.float()  # a copy under autocast; the matmul's own result otherwise: both ours to change
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
+    totals = torch.logsumexp(logits, dim=-1)
+    return logits.gather(-1, tokens[:, None]).squeeze(-1) - totals, totals
+
+
+def head_chunk_logits_grad(logits: Tensor, totals: Tensor, grad: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """d sum(grad * log p(tokens)) / d logits = grad * (onehot(tokens) - softmax(logits / T)) / T, in the
+    logits' dtype: the backward's full-vocabulary pass of ChunkedHeadLogprobs, eager or compiled.
+    Eager, each step is a pass over (rows, V) float32, in place where it can be."""
+    g = grad[:, None]
+    if temperature == 1.0 and logits.dtype in (torch.bfloat16, torch.float16):
+        shifted = torch.sub(logits, totals[:, None])  # float32 by promotion: no separate cast pass
+    else:
+        shifted = logits.float()
+        shifted = (shifted.div_(temperature) if temperature != 1.0 else shifted).sub_(totals[:, None])
+    dlogits = shifted.exp_().mul_(-g)
+    dlogits.scatter_add_(1, tokens[:, None], g)
+    if temperature != 1.0:
+        dlogits.div_(temperature)
+    return dlogits.to(logits.dtype)
+
+
+def fusable_head_chunk_logits_grad(logits: Tensor, totals: Tensor, grad: Tensor, tokens: Tensor, temperature: float) -> Tensor:
+    """head_chunk_logits_grad written for torch.compile: out of place, the one-hot term a comparison with
+    the column index rather than a scatter, so that the whole pass is one elementwise kernel that reads the
+    logits once and writes their gradient once (eager, the comparison would be one more full pass)."""
+    probs = torch.exp(logits.float() / temperature - totals[:, None])
+    onehot = torch.arange(logits.size(-1), device=logits.device)[None, :] == tokens[:, None]
+    return (grad[:, None] * (onehot.float() - probs) / temperature).to(logits.dtype)
+
+
+class HeadPasses(NamedTuple):
+    """The two full-vocabulary passes of ChunkedHeadLogprobs (see head_chunk_logprobs, head_chunk_logits_grad)."""
+
+    logprobs: Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]
+    logits_grad: Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]
+
+
+EAGER_HEAD = HeadPasses(head_chunk_logprobs, head_chunk_logits_grad)
+
+
+@functools.cache
+def compiled_head_passes() -> HeadPasses:
+    """The head's passes under torch.compile: each becomes one fused kernel that reads the chunk's
+    compute-dtype logits once (and, in backward, writes their gradient once) instead of the eager
+    path's five to six float32 passes over (chunk, vocabulary). Compiled on first use (seconds), with
+    dynamic shapes (the last chunk is shorter); the results equal the eager ones up to float rounding
+    (tests/learning/test_learner_speed.py)."""
+    return HeadPasses(torch.compile(head_chunk_logprobs, dynamic=True),
+                      torch.compile(fusable_head_chunk_logits_grad, dynamic=True))
+
+
 class ChunkedHeadLogprobs(torch.autograd.Function):
     """log p(token) under softmax(hidden @ weight.T / temperature), a chunk of rows at a time, with
     its own backward: only one chunk's (rows, vocabulary) logits exist at once, in forward and again
@@ -69,25 +129,25 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
     recompute and the zero-filled gradient of the gather (profile: benchmarks/learner_step.py).
 
     hidden (N, H), weight (V, H) (a Linear head without bias; tied to the embedding or not),
-    tokens (N,) -> (N,) float32, floored at MIN_LOGPROB (no gradient below the floor)."""
+    tokens (N,), passes: EAGER_HEAD or compiled_head_passes() -> (N,) float32, floored at MIN_LOGPROB
+    (no gradient below the floor)."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, chunk: int) -> Tensor:
+    def forward(ctx, hidden: Tensor, weight: Tensor, tokens: Tensor, temperature: float, chunk: int,
+                passes: HeadPasses = EAGER_HEAD) -> Tensor:
         # under autocast the logits are computed in its dtype, as the model's own head would be; backward
         # (not under autocast) does the same by hand
         compute = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) else weight.dtype
         out = torch.empty(hidden.size(0), dtype=torch.float32, device=hidden.device)
         totals = torch.empty_like(out)
-        w = weight.to(compute)
-        for start in range(0, hidden.size(0), chunk):
-            end = start + chunk
-            logits = (hidden[start:end].to(compute) @ w.t()).float()
-            if temperature != 1.0:
-                logits.div_(temperature)
-            totals[start:end] = torch.logsumexp(logits, dim=-1)
-            out[start:end] = logits.gather(-1, tokens[start:end, None]).squeeze(-1) - totals[start:end]
+        with torch.profiler.record_function("logprobs/head_forward"):
+            w = weight.to(compute)
+            for start in range(0, hidden.size(0), chunk):
+                end = start + chunk
+                out[start:end], totals[start:end] = passes.logprobs(hidden[start:end].to(compute) @ w.t(), tokens[start:end],
+                                                                    temperature)
         ctx.save_for_backward(hidden, weight, tokens, totals, out)
-        ctx.temperature, ctx.chunk, ctx.compute = temperature, chunk, compute
+        ctx.temperature, ctx.chunk, ctx.compute, ctx.passes = temperature, chunk, compute, passes
         return out.clamp(min=MIN_LOGPROB)
 
     @staticmethod
@@ -98,25 +158,18 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         # summed over chunks in float32 at least (a bf16 sum of many chunks would lose the small ones)
         grad_weight = torch.zeros(weight.shape, dtype=torch.promote_types(ctx.compute, torch.float32),
                                   device=weight.device) if ctx.needs_input_grad[1] else None
-        w = weight.to(ctx.compute)
-        for start in range(0, hidden.size(0), ctx.chunk):
-            end = start + ctx.chunk
-            h = hidden[start:end].to(ctx.compute)
-            g = grad[start:end, None]
-            logits = (h @ w.t()).float()
-            if ctx.temperature != 1.0:
-                logits.div_(ctx.temperature)
-            # d log p(y) / d logits = onehot(y) - softmax(logits): times the incoming gradient, in place
-            dlogits = logits.sub_(totals[start:end, None]).exp_().mul_(-g)
-            dlogits.scatter_add_(1, tokens[start:end, None], g)
-            if ctx.temperature != 1.0:
-                dlogits.div_(ctx.temperature)
-            dlogits = dlogits.to(ctx.compute)
-            if grad_hidden is not None:
-                grad_hidden[start:end] = (dlogits @ w).to(hidden.dtype)
-            if grad_weight is not None:
-                grad_weight += (dlogits.t() @ h).to(grad_weight.dtype)
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+        with torch.profiler.record_function("logprobs/head_backward"):
+            w = weight.to(ctx.compute)
+            for start in range(0, hidden.size(0), ctx.chunk):
+                end = start + ctx.chunk
+                h = hidden[start:end].to(ctx.compute)
+                dlogits = ctx.passes.logits_grad(h @ w.t(), totals[start:end], grad[start:end], tokens[start:end],
+                                                 ctx.temperature)
+                if grad_hidden is not None:
+                    grad_hidden[start:end] = (dlogits @ w).to(hidden.dtype)
+                if grad_weight is not None:
+                    grad_weight += (dlogits.t() @ h).to(grad_weight.dtype)
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
 def completion_logprobs(
@@ -131,6 +184,7 @@ def completion_logprobs(
     top_p: float = 1.0,
     chunk: int = 0,
     max_buckets: int = MAX_BUCKETS,
+    compiled_head: bool = False,
 ) -> Tensor:
     """Learner side: log-probs (B, Tc) of completion tokens given left-padded prompts.
 
@@ -143,7 +197,8 @@ def completion_logprobs(
     copy (2048 tokens of Qwen3's 151,936-token vocabulary: 1.2 GB), and the decoder runs on buckets of
     rows of similar length (length_buckets), each cut to its own longest prompt and completion: no
     short completion is padded to the longest (max_buckets=1: one run, padded to the longest). The result is the same. Models without a separate
-    decoder and output layer take the whole-logits path.
+    decoder and output layer take the whole-logits path. compiled_head: the chunked head's full-vocabulary
+    passes under torch.compile (compiled_head_passes; for GPUs, where they are memory-bound).
     """
     tp = prompt_ids.size(1)
     if hasattr(model, "get_base_model"):  # a LoRA run's PEFT wrapper: its adapters live inside the wrapped model
@@ -162,14 +217,20 @@ def completion_logprobs(
 
     b, t = completion_ids.shape
     flat_hidden, flat_at = [], []  # real completion tokens' hidden states, and where they sit in (B * Tc)
-    for rows in length_buckets(prompt_mask.sum(1).tolist(), completion_mask.sum(1).tolist(), max_buckets=max_buckets):
-        hidden, at = _bucket_hidden(decoder, rows, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    # the rows' lengths reach the host once (one sync), not once per bucket: a sync between buckets would
+    # leave a GPU idle while the next bucket's first kernels are launched
+    prompt_lengths, completion_lengths = torch.stack([prompt_mask.sum(1).int(), completion_mask.sum(1).int()]).tolist()
+    for rows in length_buckets(prompt_lengths, completion_lengths, max_buckets=max_buckets):
+        widths = max(max(prompt_lengths[i] for i in rows), 1), max(max(completion_lengths[i] for i in rows), 1)
+        real = sum(completion_lengths[i] for i in rows)
+        hidden, at = _bucket_hidden(decoder, rows, widths, real, prompt_ids, prompt_mask, completion_ids, completion_mask)
         flat_hidden.append(hidden)
         flat_at.append(at)
     flat_hidden, flat_at = torch.cat(flat_hidden), torch.cat(flat_at)
     flat_tokens = completion_ids.reshape(b * t)[flat_at]
     if isinstance(head, torch.nn.Linear) and head.bias is None and not top_k and top_p >= 1.0:
-        picked = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk)
+        picked = ChunkedHeadLogprobs.apply(flat_hidden, head.weight, flat_tokens, float(temperature), chunk,
+                                           compiled_head_passes() if compiled_head else EAGER_HEAD)
     else:  # top-k / top-p filter the logits first, a biased head adds to them: the checkpointed path
 
         def chunk_logprobs(h: Tensor, tokens: Tensor) -> Tensor:
@@ -214,22 +275,25 @@ def length_buckets(prompt_lengths: list[int], completion_lengths: list[int], *, 
         slack *= 1.5
 
 
-def _bucket_hidden(decoder, rows: list[int], prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                   completion_mask: Tensor) -> tuple[Tensor, Tensor]:
+def _bucket_hidden(decoder, rows: list[int], widths: tuple[int, int], real: int, prompt_ids: Tensor, prompt_mask: Tensor,
+                   completion_ids: Tensor, completion_mask: Tensor) -> tuple[Tensor, Tensor]:
     """One decoder run on `rows`, cut to their own longest prompt (prompts are left-padded) and
     completion (right-padded) -> the hidden states that predict their real completion tokens
     (N, H) and those tokens' flat positions in (B * Tc). Positions follow the attention mask, as in
-    generation, so neither cut shifts them."""
+    generation, so neither cut shifts them. widths: the rows' longest prompt and completion (at least 1),
+    known on the host, and `real`: their real completion tokens, so that nothing here waits for the device
+    (transformers' mask code still reads one value back per run: whether the mask can be skipped, or with
+    none, whether rows are packed)."""
     index = torch.tensor(rows, device=prompt_ids.device)
     tp, t = prompt_ids.size(1), completion_ids.size(1)
-    keep_p = max(int(prompt_mask[index].sum(1).max()), 1)
-    keep_c = max(int(completion_mask[index].sum(1).max()), 1)
+    keep_p, keep_c = widths
     p_mask, c_mask = prompt_mask[index, tp - keep_p :], completion_mask[index, :keep_c]
     input_ids = torch.cat([prompt_ids[index, tp - keep_p :], completion_ids[index, :keep_c]], dim=1)
     attention = torch.cat([p_mask, c_mask], dim=1).long()
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                      use_cache=False).last_hidden_state[:, keep_p - 1 : -1, :]
-    real = c_mask.bool()
-    at = (index[:, None] * t + torch.arange(keep_c, device=index.device))[real]
-    return hidden[real], at
+    # the real tokens' places, without a boolean index (its count would be read back from the device)
+    real = torch.nonzero_static(c_mask.reshape(-1), size=real).squeeze(1)
+    at = (index[:, None] * t + torch.arange(keep_c, device=index.device)).reshape(-1)[real]
+    return hidden.reshape(-1, hidden.size(-1))[real], at

@@ -220,10 +220,11 @@ class LearnerTeam:
                 self.echo(f"warning: state from learner {peer} does not match its hash; refused")
                 return False
             self.core.optimizer.state.clear()
+            fused = bool(self.core.optimizer.defaults.get("fused"))  # the fused kernel keeps its step count on the device
             for i, p in enumerate(params):
                 exp_avg, exp_avg_sq, step = tensors[4 * i + 1], tensors[4 * i + 2], float(tensors[4 * i + 3])
                 if step > 0:
-                    self.core.optimizer.state[p] = {"step": torch.tensor(step), "exp_avg": exp_avg.to(p.device, p.dtype),
+                    self.core.optimizer.state[p] = {"step": torch.tensor(step, device=p.device if fused else None), "exp_avg": exp_avg.to(p.device, p.dtype),
                                                     "exp_avg_sq": exp_avg_sq.to(p.device, p.dtype)}
             previous, self.core.version = self.core.version, version
         self.stats["resyncs"] += 1

@@ -107,9 +107,47 @@ def totals_of(groups: Sequence[RolloutGroup]) -> BatchTotals:
                        width=max(max(lengths, default=0), 1))
 
 
+def make_adamw(params: list[torch.nn.Parameter], implementation: str, **kwargs) -> torch.optim.AdamW:
+    """AdamW over `params` with the kernels of `implementation` (TrainingSettings.optimizer_implementation):
+    "auto" takes the fused kernel on CUDA (one launch for every parameter's update, where foreach, torch's
+    default there, makes several per parameter group) and torch's own choice elsewhere."""
+    if implementation == "auto":
+        implementation = "fused" if params and all(p.device.type == "cuda" for p in params) else "default"
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}, "default": {}}
+    if implementation not in flags:
+        raise ValueError(f"unknown optimizer implementation {implementation!r}; choose one of: auto, fused, foreach, for_loop")
+    return torch.optim.AdamW(params, **kwargs, **flags[implementation])
+
+
+def compile_decoder_layers(model) -> int:
+    """torch.compile on each decoder layer of `model` (regional compilation: the layers share one
+    compiled graph, so compiling costs one layer's time, not the model's), so that the norms, rotary
+    embedding, activation and casts between the matmuls run as a few fused kernels. Returns the
+    number of layers compiled; a model without a `layers` list is refused, saying so."""
+    if hasattr(model, "get_base_model"):  # a LoRA run's PEFT wrapper
+        model = model.get_base_model()
+    decoder = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ValueError(f"--torch-compile all compiles each decoder layer, and {type(model).__name__} has no decoder "
+                         "layer list (model.<base_model_prefix>.layers); use --torch-compile head or off")
+    for layer in layers:
+        layer.compile()
+    return len(layers)
+
+
 # Metrics that are the micro-batch's part of the whole batch's value inside `batch_totals` (they
 # add up); the rest are means over the micro-batch, weighted by its share of sequences.
 ADDITIVE_METRICS = ("loss", "policy_loss", "kl_penalty")
+
+
+def _on_host(parts: list[tuple[dict[str, torch.Tensor], float, torch.Tensor, torch.Tensor]], device: torch.device) -> list:
+    """The micro-batches' (metrics, share, fresh gap, fresh tokens) with every tensor read back to the
+    host in one transfer (floats, as `float(tensor)` gives them)."""
+    scalars = [torch.as_tensor(v, device=device).detach().reshape(()).float()
+               for metrics, _, gap, fresh in parts for v in (*metrics.values(), gap, fresh)]
+    values = iter(torch.stack(scalars).tolist() if scalars else [])
+    return [({k: next(values) for k in metrics}, share, next(values), next(values)) for metrics, share, _, _ in parts]
 
 
 class LearnerCore:
@@ -125,6 +163,8 @@ class LearnerCore:
     autocast_dtype: run forward and backward under torch.autocast in this dtype (bfloat16), the
     parameters and optimizer state staying in their own (float32 master weights); None: off.
     advantage_mode: None takes the loss's own (std for GRPO/GEPO, no_std for Dr.GRPO, beta for BNPO).
+    torch_compile: "head" compiles the log-prob head's full-vocabulary passes, "all" also each decoder
+    layer (compile_decoder_layers); "off": eager. optimizer_implementation: AdamW's kernels (make_adamw).
     """
 
     def __init__(
@@ -145,6 +185,8 @@ class LearnerCore:
         micro_batch_tokens: int | None = default_of(TrainingSettings, "micro_batch_tokens"),
         logprob_chunk: int = default_of(TrainingSettings, "logprob_chunk"),
         gradient_checkpointing: bool = default_of(TrainingSettings, "gradient_checkpointing"),
+        torch_compile: str = default_of(TrainingSettings, "torch_compile"),
+        optimizer_implementation: str = default_of(TrainingSettings, "optimizer_implementation"),
         autocast_dtype: torch.dtype | None = None,
         advantage_mode: str | None = None,
         version: int = 0,
@@ -163,8 +205,13 @@ class LearnerCore:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=learning_rate, weight_decay=weight_decay, betas=betas,
-                                           eps=adam_epsilon)
+        if torch_compile not in ("off", "head", "all"):
+            raise ValueError(f"unknown torch_compile {torch_compile!r}; choose one of: off, head, all")
+        self.torch_compile = torch_compile
+        if torch_compile == "all":
+            compile_decoder_layers(model)
+        self.optimizer = make_adamw(trainable_parameters(model), optimizer_implementation, lr=learning_rate,
+                                    weight_decay=weight_decay, betas=betas, eps=adam_epsilon)
         self.version = version
         # several learners: called with (gradients, rows, version) after backward, before clipping; returns
         # an object with .grads (the group's mean gradient, or None to step on this learner's own),
@@ -178,6 +225,14 @@ class LearnerCore:
     # staleness. Off: they cost three extra backward passes and one forward. Set True to turn on
     # (benchmarks/gepo_weak_spot.py does, for the whole process).
     step_diagnostics: bool = False
+    # Called with each phase's name as the step begins it, on the host in launch order (collate, forward,
+    # loss, backward per micro-batch; then clip, optimizer, done): benchmarks/learner_breakdown.py records
+    # a CUDA event at each, to time the phases on the device. None: nothing is called.
+    phase_mark: Callable[[str], None] | None = None
+
+    def _mark(self, phase: str) -> None:
+        if self.phase_mark is not None:
+            self.phase_mark(phase)
 
     @torch.no_grad()
     def _logprobs_after_step(self, key):
@@ -198,7 +253,8 @@ class LearnerCore:
                    weight_decay=settings.weight_decay, betas=(settings.adam_beta1, settings.adam_beta2),
                    adam_epsilon=settings.adam_epsilon, micro_batch_groups=settings.micro_batch_groups,
                    micro_batch_tokens=settings.micro_batch_tokens, logprob_chunk=settings.logprob_chunk,
-                   gradient_checkpointing=settings.gradient_checkpointing, **kwargs)
+                   gradient_checkpointing=settings.gradient_checkpointing, torch_compile=settings.torch_compile,
+                   optimizer_implementation=settings.optimizer_implementation, **kwargs)
 
     def _average_with_group(self, rows: int, sums: dict) -> dict:
         """Hands this step's gradient to `gradient_averager` (see its attribute) and puts the group's
@@ -277,29 +333,41 @@ class LearnerCore:
             torch.tensor([math.nan if r is None else float(r) for g in groups for r in g.rewards]),
             torch.tensor([i for i, g in enumerate(groups) for _ in range(g.size)]), self.advantage_mode)
         row = 0
+        # each micro-batch's metrics stay on the device until every backward is launched, then reach the
+        # host together: a read-back per micro-batch would leave a GPU idle while the next one is collated
+        parts: list[tuple[dict[str, torch.Tensor], float, torch.Tensor, torch.Tensor]] = []
         for chunk in plan_micro_batches(groups, self.micro_batch_groups, self.micro_batch_tokens):
+            self._mark("collate")
             batch = collate(chunk, self.pad_token_id)
             adv = advantages[row : row + batch.completion_ids.size(0)]  # micro-batches are consecutive groups
             row += batch.completion_ids.size(0)
             mask = batch.completion_mask.to(dev)
-            with self._autocast():
+            self._mark("forward")
+            with self._autocast(), torch.profiler.record_function("learner/forward"):
                 learner = completion_logprobs(
                     self.model, batch.prompt_ids.to(dev), batch.prompt_mask.to(dev), batch.completion_ids.to(dev),
                     mask, temperature=temperature, top_k=top_k, top_p=top_p, chunk=self.logprob_chunk,
+                    compiled_head=self.torch_compile != "off",
                 )
+            self._mark("loss")
             sampler = batch.sampler_logprobs.to(dev)
             with batch_totals(totals):
                 inputs = LossInputs(learner, sampler, mask, adv.to(dev), batch.group_ids.to(dev))
                 out = compute_loss(inputs, self.loss)
                 if diagnostics is not None:  # extra gradients of the loss's parts, before backward frees the graph
                     diagnostics.micro_batch(inputs, self.version - batch.versions.to(dev), (batch, temperature, top_k, top_p))
-            out.loss.backward()
-            share = batch.completion_ids.size(0) / totals.rows
-            for k, v in out.metrics_as_floats().items():
-                sums[k] = sums.get(k, 0.0) + (v if k in ADDITIVE_METRICS else v * share)
+            self._mark("backward")
+            with torch.profiler.record_function("learner/backward"):
+                out.loss.backward()
             fresh = (batch.versions.to(dev) == self.version)[:, None] * mask
-            fresh_gap += float(((learner.detach().float() - sampler).abs() * fresh).sum())
-            fresh_tokens += int(fresh.sum())
+            parts.append((out.metrics, batch.completion_ids.size(0) / totals.rows,
+                          ((learner.detach().float() - sampler).abs() * fresh).sum(), fresh.sum()))
+        self._mark("clip")
+        for metrics, share, gap, fresh in _on_host(parts, dev):
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + (v if k in ADDITIVE_METRICS else v * share)
+            fresh_gap += gap
+            fresh_tokens += int(fresh)
         if self.gradient_averager is not None:  # several learners: the group's mean gradient replaces ours
             sums.update(self._average_with_group(totals.rows, sums))
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -314,9 +382,12 @@ class LearnerCore:
         rewards = [r for g in groups for r in g.rewards if r is not None]
         if diagnostics is not None:
             diagnostics.before_update()
-        with self.update_lock:  # another thread may copy the weights and optimizer state (swarm.team)
+        self._mark("optimizer")
+        # another thread may copy the weights and optimizer state (swarm.team)
+        with self.update_lock, torch.profiler.record_function("learner/optimizer"):
             self.optimizer.step()
             self.version += 1
+        self._mark("done")
         if diagnostics is not None:
             sums.update(diagnostics.finish(self._logprobs_after_step))
         sums.update(

@@ -439,6 +439,17 @@ class TrainingSettings(LoraSettings):
                                       "backward), so float32 (batch, length, vocab) logits never exist whole; 0: all at once")
     gradient_checkpointing: bool = setting(False, group="training", help="recompute activations in backward (less memory, "
                                                                          "about a third more compute)")
+    torch_compile: Literal["off", "head", "all"] = setting(
+        "off", group="training",
+        help="torch.compile on the learner: head (the log-prob head's full-vocabulary passes, each fused into one "
+             "kernel) or all (that and every decoder layer: norms, rotary, activation and casts fused between the "
+             "matmuls); compiling takes tens of seconds at the first step and again at new lengths. For GPUs, where "
+             "those passes are memory-bound; off: eager (benchmarks.gpu_check measures each)")
+    optimizer_implementation: Literal["auto", "fused", "foreach", "for_loop"] = setting(
+        "auto", group="optimizer",
+        help="AdamW's kernels: fused (one kernel per step over all parameters), foreach (a few per parameter group) or "
+             "for_loop (several per parameter); auto: fused on CUDA, torch's own choice elsewhere (the same update up to "
+             "float rounding)")
     steps: int = setting(60, group="training", ge=1, help="stop when the policy reaches this version")
     groups_per_step: int = setting(
         32, group="training", aliases=("prompts_per_step",), ge=1,

@@ -45,6 +45,15 @@ def test_small_gpu_check_runs_every_section_on_cpu(tmp_path):
         assert positive(config["tokens_per_s"]) and positive(config["step_s"]), config
         assert config["model_flops_share"] is None and config["hardware_flops_share"] is None  # no GPU: no peak to share
     assert learner["peak_tflops"] is None and learner["gpu"] is None
+    ran = [v for v in learner["variants"] if "tokens_per_s" in v]  # the eager ones; compiling is left to a GPU
+    assert [v["variant"] for v in ran] == ["eager", "fused_adamw"] and [v["fused_adamw"] for v in ran] == [False, True]
+    assert all("compiling is judged on a GPU" in v["skipped"] for v in learner["variants"] if v not in ran)
+    for v in ran:  # where the step's time went: phases by LearnerCore's marks, and a profiled step
+        b = v["breakdown"]
+        assert positive(b["step_s"]) and {"forward", "loss", "backward", "optimizer"} <= set(b["phases_s"]), b
+        assert positive(b["profile"]["aten_calls"]) and b["profile"]["top"], b
+        assert {"learner/forward", "learner/backward", "logprobs/head_forward", "logprobs/head_backward"} <= set(b["profile"]["ranges"])
+        assert b["profile"]["casts"] >= 0 and b["profile"]["item_reads"] >= 1  # float(grad_norm) at least
 
     delta = sections["delta"]
     for key in ("delta_bytes", "snapshot_bytes", "encode_s", "apply_verify_s", "state_hash_s", "changed_fraction"):
