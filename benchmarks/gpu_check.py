@@ -8,8 +8,9 @@ memory is recorded, with its error, and the others still run; GPU memory peaks a
   vocabulary): completion tokens/s and peak memory above the weights;
 - learner: `LearnerCore.step` at that shape, float32 master weights under bf16 autocast on a GPU:
   tokens/s, peak memory and share of the GPU's peak bf16 FLOPs, micro-batches of 1, 2 and 4 groups,
-  gradient checkpointing off and on; then variants, each speed option on top of the one before (fused AdamW,
-  the compiled log-prob head, compiled decoder layers), each with where its step's time goes (phases, kernels);
+  gradient checkpointing off and on; then variants, each speed option on top of the one before, each
+  with where its step's time goes (phases, kernels): the full check runs the baseline and the compiled
+  log-prob head with fused AdamW, `--sections learner` alone every variant (compiled decoder layers too);
 - delta: encode (both hashes included) and apply+verify of the bf16 delta after one AdamW step at
   lr 1e-6, and the snapshot, at that shape;
 - publish: learner steps/s at that shape with the background publisher on, its encoding in a thread
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, markdown_table, write_result
-from benchmarks.gpu_sections import FULL, SECTION_FUNCTIONS, SECTIONS, SMALL, Run, Size
+from benchmarks.gpu_sections import FULL, LEARNER_ONLY, SECTION_FUNCTIONS, SECTIONS, SMALL, Run, Size
 
 
 def run_section_here(run: Run, result: Path) -> int:
@@ -66,7 +67,8 @@ def run_isolated(name: str, args: argparse.Namespace, size: Size, t0: float, end
         return {"skipped": f"no time left of the whole check's {size.total_s:.0f} s"}
     result = Path(tempfile.mkstemp(prefix=f"gpu_check_{name}_", suffix=".json")[1])
     cmd = [sys.executable, "-m", "benchmarks.gpu_check", "--device", args.device, "--dtype", args.dtype,
-           "--child", name, str(result), str(t0), str(time.time() + budget)] + (["--small"] if args.small else [])
+           "--sections", args.sections, "--child", name, str(result), str(t0), str(time.time() + budget)]
+    cmd += ["--small"] if args.small else []
     started = time.time()
     proc = subprocess.Popen(cmd, start_new_session=True)
     try:
@@ -257,7 +259,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    size = SMALL if args.small else FULL
+    size = SMALL if args.small else LEARNER_ONLY if args.sections == "learner" else FULL
     if args.child:
         name, result, t0, deadline = args.child
         if args.small:  # tiny tensors gain nothing from threads; two on two busy cores made learner steps 8x slower

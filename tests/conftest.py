@@ -51,7 +51,7 @@ FLOATING = {
     "test_vllm_update.py", "test_verification.py", "test_generation.py", "test_gpu.py", "test_intake.py",
     "test_pass_at_k.py", "test_reward_funcs.py", "test_rewards.py", "test_tasks.py", "test_max_prompt_length.py",
     "test_lr_schedule.py", "test_chunked_head.py", "test_weight_format.py", "test_weight_delta.py", "test_delta_format.py", "test_delta_reference.py",
-    "test_version_memory_shapes.py", "test_staleness_study.py", "test_gpu_check.py",
+    "test_version_memory_shapes.py", "test_staleness_study.py", "test_gpu_check.py", "test_learner_speed.py", "test_lora_sizes.py",
 }
 
 
