@@ -28,7 +28,7 @@ import torch
 
 from swarm.config import SwarmSettings, default_of
 import swarm.fabric.weights.chunked_fetch as chunked_fetch
-from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.sharer_view import SharerView
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.config.learner_keys import decode_learner_key, encode_learner_key
 from swarm.fabric.membership.pulse import Pulse

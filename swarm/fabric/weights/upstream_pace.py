@@ -1,0 +1,184 @@
+"""How fast a chain's upstream passes a payload on, and when to ask the peer before it instead.
+
+Along a chain every peer fetches at the pace of the slowest hop before it. A snapshot's chain is in
+peer id order (new samplers have reported no fetch the learner could order it by), so one slow link
+early in it held every peer after it to its pace: 8 new samplers took a 98.6 MB snapshot in 45-50 s
+with a 20 Mbit/s sampler fourth, against 12.6 s with every link at 100 Mbit/s.
+
+The peer right after a slow one sees it first: its upstream's chunks come slowly. Whether the slow
+hop is its upstream's download (pass it over) or a hop further up (passing it over gains nothing)
+shows in one request: the peer before the upstream (`before`: the learner for the chain's second
+peer) is asked for the next chunk once, with no wait. If that peer sends it PASS_RATIO times as fast
+as the upstream's throughput, the upstream is passed over: the chain goes on from that peer, the slow
+one hangs off it as a leaf (taking its share of that peer's uplink, which upload_slots.UploadSlots
+bounds: a freed slot goes to the requester holding the fewest), and no peer after the slow one waits
+for it again.
+
+The probe asks for a chunk PROBE_AHEAD places beyond the next one in this peer's queue (with
+SHARED_WORKERS requests in flight, about 16 past what it holds), with no wait: along a chain of
+equal links every peer is within a chunk or two of the one before it, so the peer before the
+upstream does not hold it yet and answers busy at once, costing no bytes. Only a peer far ahead of
+the upstream holds it, which is what passing the upstream over needs: one held up behind a slow
+download further up (the upstream's upstream is then as far behind) is never passed for it.
+
+Throughput, not a request's time: a chain peer keeps SHARED_WORKERS requests in flight at its
+upstream, so each request's time includes the queue before it, and a peer held up behind a slow hop
+would look slow to the peer after it in turn (the cascade that split an earlier try's chain into a
+tree: CHANGELOG, "Tried and left out"). A probe is a chunk the peer needs anyway; one answered busy
+is asked again after PROBE_AFTER_CHUNKS more chunks, at most PROBES times per upstream, so equal
+links cost a few busy answers per fetch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+
+from swarm.fabric.weights.chunks import answer_limit
+
+logger = logging.getLogger(__name__)
+
+PROBE_AFTER_CHUNKS = 4  # chunks from an upstream (after its first) before its throughput is judged
+PROBE_MIN_S = 0.3  # ... over at least this long: a few chunks in a burst say little of a link
+PROBE_AHEAD = 8  # the probe's chunk: this many places into the queue of chunks not asked for yet
+PROBES = 3  # probes at most per upstream in one fetch (each costs a request; most find nothing yet)
+# a peer before the upstream that sends a chunk this many times as fast as the upstream's throughput
+# passes it on: the upstream is passed over. A probe is one request on loaded cores, and shares that
+# peer's uplink with the upstream's own flow: at 100 Mbit/s, 20 Mbit/s upstreams measured about
+# 2.2 MB/s against probes of 6-10 MB/s. No probe outruns the link (12.5 MB/s at 100 Mbit/s), so an
+# upstream faster than a third of the link is never passed over
+PASS_RATIO = 3.0
+WINDOW = 8  # the chunks an upstream's throughput is reckoned over (the latest)
+
+
+class UpstreamPace:
+    """Per upstream: when its chunks arrived (the throughput over the latest WINDOW), how often it
+    was probed, and whether a probe is under way now (one at a time per fetch)."""
+
+    def __init__(self) -> None:
+        self._arrivals: dict[str, deque[tuple[float, int]]] = {}
+        self._probes: Counter[str] = Counter()
+        self._since_probe: Counter[str] = Counter()
+        self._probing = False
+        self._lock = threading.Lock()
+
+    def arrived(self, upstream: str, size: int) -> None:
+        """A chunk of `size` bytes from `upstream` was kept."""
+        with self._lock:
+            self._arrivals.setdefault(upstream, deque(maxlen=WINDOW)).append((time.monotonic(), size))
+            self._since_probe[upstream] += 1
+
+    def throughput(self, upstream: str) -> float | None:
+        """Bytes per second from `upstream` over its latest chunks (None: too few, or too short a spell)."""
+        with self._lock:
+            return self._throughput(upstream)
+
+    def _throughput(self, upstream: str) -> float | None:
+        arrivals = self._arrivals.get(upstream)
+        if arrivals is None or len(arrivals) < PROBE_AFTER_CHUNKS + 1:
+            return None
+        span = arrivals[-1][0] - arrivals[0][0]
+        if span < PROBE_MIN_S:
+            return None
+        return sum(size for _, size in list(arrivals)[1:]) / span  # the first chunk's bytes came before the span
+
+    def start_probe(self, upstream: str) -> float | None:
+        """The throughput of `upstream` to test a probe against, when it is time to probe (the caller
+        then calls `end_probe`); None otherwise."""
+        with self._lock:
+            if self._probing or self._probes[upstream] >= PROBES or self._since_probe[upstream] < PROBE_AFTER_CHUNKS:
+                return None
+            rate = self._throughput(upstream)
+            if rate is None:
+                return None
+            self._probing = True
+            self._probes[upstream] += 1
+            self._since_probe[upstream] = 0
+            return rate
+
+    def end_probe(self) -> None:
+        with self._lock:
+            self._probing = False
+
+
+def passes_over(throughput: float, probe_bytes: int, probe_s: float) -> bool:
+    """Whether a probe that brought `probe_bytes` in `probe_s` seconds shows the peer before the
+    upstream PASS_RATIO times as fast as the upstream's `throughput` (bytes per second)."""
+    return probe_bytes / max(probe_s, 1e-6) >= PASS_RATIO * throughput
+
+
+PROBE_GRACE_S = 0.5  # a probe's round trips on loaded cores, on top of its bytes' time at the rate that would pass
+
+
+def probe_deadline(throughput: float, size: int) -> float:
+    """How long a probe for a chunk of `size` bytes may take (longer, and it would not pass the
+    upstream over by much: it is given up, and the upstream kept)."""
+    return PROBE_GRACE_S + size / (PASS_RATIO * throughput)
+
+
+class PassingOver:
+    """The part of a chunked fetch (chunked_fetch.ChunkedFetch, which holds the state these read)
+    that judges a chain's upstream and passes a slow one over."""
+
+    def _judge_upstream(self, upstream: str) -> None:
+        """In a chain, after a chunk from `upstream`: now and then (UpstreamPace), a chunk well ahead
+        of those asked for (upstream_pace.PROBE_AHEAD) is asked of the peer before it, with no wait;
+        one that holds it and sends it far faster than `upstream` passes chunks on
+        (upstream_pace.PASS_RATIO) has it pass `upstream` over."""
+        before = self._before(upstream) if upstream == self.upstream() else None
+        throughput = self.pace.start_probe(upstream) if before is not None else None
+        if throughput is None:
+            return
+        ok, took, index = None, 0.0, None
+        try:
+            with self._cond:
+                queued = [i for i in self._from_owners if not self.partial.have[i]]
+                if not queued:
+                    return
+                index = queued[min(PROBE_AHEAD, len(queued) - 1)]
+                self._from_owners.remove(index)
+                self._busy += 1
+            size = answer_limit(self.spec, index)
+            started = time.monotonic()
+            try:  # with `force`: a whole holder sends it whoever took it (a redirect would say nothing of its pace)
+                ok = self._try_once(before, index, 0.0, force=True, limit=probe_deadline(throughput, size), started=started)
+            except Exception as exc:  # noqa: BLE001  a probe that fails or runs out of time says nothing against anyone
+                logger.debug("probe of %s for chunk %d failed: %s: %s", before, index, type(exc).__name__, exc)
+            took = time.monotonic() - started
+        finally:
+            self.pace.end_probe()
+            if index is not None:
+                self._done(index, None)
+                if not ok:  # back in its place: the chain's chunks are asked for in order
+                    with self._cond:
+                        self._from_owners.insert(sum(1 for i in self._from_owners if i < index), index)
+        if ok and passes_over(throughput, size, took):
+            self._pass_over(upstream, f"{throughput / 1e6:.2f} MB/s, against {size / took / 1e6:.2f} MB/s from {before}")
+
+    def _before(self, upstream: str) -> str | None:
+        """The chain's peer before `upstream` that is not passed over; for its head, the last whole holder."""
+        with self._cond:
+            place = self.sharers.index(upstream) if upstream in self.sharers else 0
+            found = next((p for p in reversed(self.sharers[:place]) if p not in self._dead), None)
+            if found is None and self.whole and self.whole[-1] not in self._dead:
+                found = self.whole[-1]
+            return found
+
+    def _pass_over(self, upstream: str, why: str) -> None:
+        """`upstream` passes chunks on far slower than the peer before it: the chain goes on from that
+        peer. The chunks asked of `upstream` are asked of it too, by workers of their own (the
+        requests waiting on `upstream` end at its pace), which retire as the others finish."""
+        logger.info("passing %s over in the chain of %s %d: %s", upstream, self.spec.kind, self.spec.version, why)
+        with self._cond:
+            self._dead.add(upstream)
+            self.passed_over.add(upstream)
+            stuck = sorted(i for i, peer in self._asking if peer == upstream and not self.partial.have[i])
+            for index in reversed(stuck):
+                if index not in self._from_owners:
+                    self._from_owners.appendleft(index)
+            self._surplus += len(stuck)
+            self._cond.notify_all()
+        for _ in stuck:
+            self._start_worker(False)
