@@ -18,6 +18,7 @@ when, from whom, bytes, seconds).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import threading
@@ -117,6 +118,9 @@ def learner(args) -> None:
 
 
 def receiver(args) -> None:
+    # its log (the benchmark's ROOT/logs/rN.log) tells which upstreams a chain peer probed and passed over
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("swarm.fabric.weights.upstream_pace").setLevel(logging.DEBUG)
     if args.stripes:
         chunked_fetch.CHAIN_MAX = 1  # any two sharers or more deal the chunks out in stripes
     stop = stopping()

@@ -56,6 +56,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -384,7 +385,8 @@ def run() -> dict:
     if unknown:
         raise SystemExit(f"GEPO_FANOUT_STRATEGIES: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     rows = []
-    with TemporaryDirectory() as tmp:
+    # GEPO_FANOUT_KEEP=DIR: the runs' directories (the peers' logs among them) are kept there
+    with (nullcontext(os.environ["GEPO_FANOUT_KEEP"]) if os.environ.get("GEPO_FANOUT_KEEP") else TemporaryDirectory()) as tmp:
         for strategy in strategies:
             for n in [int(x) for x in os.environ.get("GEPO_FANOUT_RECEIVERS", ",".join(map(str, RECEIVERS))).split(",")]:
                 for slow in ([False, True] if EQUAL_TOO and (SLOW_MBIT or SLOW_UP_MBIT) else [True]):

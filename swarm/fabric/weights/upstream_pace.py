@@ -37,6 +37,7 @@ import time
 from collections import Counter, deque
 
 from swarm.fabric.weights.chunks import answer_limit
+from swarm.fabric.weights.delta import CorruptVersion
 
 logger = logging.getLogger(__name__)
 
@@ -103,13 +104,19 @@ class UpstreamPace:
             self._probing = False
 
 
-def passes_over(throughput: float, probe_bytes: int, probe_s: float) -> bool:
-    """Whether a probe that brought `probe_bytes` in `probe_s` seconds shows the peer before the
-    upstream PASS_RATIO times as fast as the upstream's `throughput` (bytes per second)."""
-    return probe_bytes / max(probe_s, 1e-6) >= PASS_RATIO * throughput
+def probe_rate(size: int, started: float, ended: float, first_at: float, first_bytes: int) -> float:
+    """Bytes per second of a probe of `size` bytes asked at `started`, whose first `first_bytes`
+    came at `first_at` and the rest by `ended`: from its first bytes on (the wait for a slot at a
+    holder whose slots a slow requester holds is no sign of its uplink's pace), or over the whole
+    request when nearly all came at once."""
+    if first_bytes < size // 2 and ended > first_at:
+        return (size - first_bytes) / (ended - first_at)
+    return size / max(ended - started, 1e-6)
 
 
-PROBE_GRACE_S = 0.5  # a probe's round trips on loaded cores, on top of its bytes' time at the rate that would pass
+# a probe's round trips on loaded cores and its wait for a slot (a slow requester's chunk going out:
+# 0.42 s for 1 MiB at 20 Mbit/s), on top of its bytes' time at the rate that would pass
+PROBE_GRACE_S = 1.0
 
 
 def probe_deadline(throughput: float, size: int) -> float:
@@ -131,7 +138,7 @@ class PassingOver:
         throughput = self.pace.start_probe(upstream) if before is not None else None
         if throughput is None:
             return
-        ok, took, index = None, 0.0, None
+        ok, rate, index = False, 0.0, None
         try:
             with self._cond:
                 queued = [i for i in self._from_owners if not self.partial.have[i]]
@@ -141,12 +148,23 @@ class PassingOver:
                 self._from_owners.remove(index)
                 self._busy += 1
             size = answer_limit(self.spec, index)
+            first: list[tuple[float, int]] = []  # when the probe's first bytes came, and how many
+
+            def timed(piece: bytes) -> None:
+                if not first:
+                    first.append((time.monotonic(), len(piece)))
             started = time.monotonic()
             try:  # with `force`: a whole holder sends it whoever took it (a redirect would say nothing of its pace)
-                ok = self._try_once(before, index, 0.0, force=True, limit=probe_deadline(throughput, size), started=started)
+                data = self.client.piece(before, self.spec, index, 0.0, force=True, relays=self.relays, sink=timed,
+                                         timeout_s=probe_deadline(throughput, size))
+                ended = time.monotonic()
+                ok = self._keep(before, index, data)
+            except CorruptVersion as exc:
+                self._strike(before, exc)
             except Exception as exc:  # noqa: BLE001  a probe that fails or runs out of time says nothing against anyone
                 logger.debug("probe of %s for chunk %d failed: %s: %s", before, index, type(exc).__name__, exc)
-            took = time.monotonic() - started
+            if ok:
+                rate = probe_rate(size, started, ended, *(first[0] if first else (started, 0)))
         finally:
             self.pace.end_probe()
             if index is not None:
@@ -154,8 +172,10 @@ class PassingOver:
                 if not ok:  # back in its place: the chain's chunks are asked for in order
                     with self._cond:
                         self._from_owners.insert(sum(1 for i in self._from_owners if i < index), index)
-        if ok and passes_over(throughput, size, took):
-            self._pass_over(upstream, f"{throughput / 1e6:.2f} MB/s, against {size / took / 1e6:.2f} MB/s from {before}")
+        logger.debug("probe of %s for chunk %d of %s %d: %s; %s's throughput %.2f MB/s", before, index, self.spec.kind,
+                     self.spec.version, f"{rate / 1e6:.2f} MB/s" if ok else "not sent", upstream, throughput / 1e6)
+        if ok and rate >= PASS_RATIO * throughput:
+            self._pass_over(upstream, f"{throughput / 1e6:.2f} MB/s, against {rate / 1e6:.2f} MB/s from {before}")
 
     def _before(self, upstream: str) -> str | None:
         """The chain's peer before `upstream` that is not passed over; for its head, the last whole holder."""
