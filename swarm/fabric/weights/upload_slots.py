@@ -140,6 +140,7 @@ class UploadSlots:
                 del self._held[who]
             if self._used <= 0 and not self._waiting:
                 self._given.clear()  # idle: the next busy spell starts even
+                self._held.clear()  # (and holds nothing, whoever a release named)
             self._wake()
 
     def busy_reply(self) -> dict:
