@@ -3,13 +3,15 @@
 Along a chain every peer fetches at the pace of the slowest hop before it. A snapshot's chain is in
 peer id order (new samplers have reported no fetch the learner could order it by), so one slow link
 early in it held every peer after it to its pace: 8 new samplers took a 98.6 MB snapshot in 45-50 s
-with a 20 Mbit/s sampler fourth, against 12.6 s with every link at 100 Mbit/s.
+with a 20 Mbit/s sampler fourth, against 12.6 s with every link at 100 Mbit/s. Passed over, the seven
+others took it in 1.06x the time on equal links (18.4 s against 17.4 s in one process, on a busy
+machine where it was 51.0 s against 20.5 s before: benchmarks/fanout_wan.py, GEPO_FANOUT_SLOW_PLACE).
 
 The peer right after a slow one sees it first: its upstream's chunks come slowly. Whether the slow
 hop is its upstream's download (pass it over) or a hop further up (passing it over gains nothing)
 shows in one request: the peer before the upstream (`before`: the learner for the chain's second
-peer) is asked for the next chunk once, with no wait. If that peer sends it PASS_RATIO times as fast
-as the upstream's throughput, the upstream is passed over: the chain goes on from that peer, the slow
+peer) is asked for a chunk with no wait. If that peer sends it PASS_RATIO times as fast as the
+upstream's throughput, the upstream is passed over: the chain goes on from that peer, the slow
 one hangs off it as a leaf (taking its share of that peer's uplink, which upload_slots.UploadSlots
 bounds: a freed slot goes to the requester holding the fewest), and no peer after the slow one waits
 for it again.
@@ -46,10 +48,11 @@ PROBE_MIN_S = 0.3  # ... over at least this long: a few chunks in a burst say li
 PROBE_AHEAD = 8  # the probe's chunk: this many places into the queue of chunks not asked for yet
 PROBES = 3  # probes at most per upstream in one fetch (each costs a request; most find nothing yet)
 # a peer before the upstream that sends a chunk this many times as fast as the upstream's throughput
-# passes it on: the upstream is passed over. A probe is one request on loaded cores, and shares that
-# peer's uplink with the upstream's own flow: at 100 Mbit/s, 20 Mbit/s upstreams measured about
-# 2.2 MB/s against probes of 6-10 MB/s. No probe outruns the link (12.5 MB/s at 100 Mbit/s), so an
-# upstream faster than a third of the link is never passed over
+# passes it on: the upstream is passed over. A probe shares that peer's uplink with the upstream's
+# own flow: at 100 Mbit/s, a 20 Mbit/s upstream measured 1.6-2.0 MB/s against probes of 10-13 MB/s
+# (timed from their first bytes: the wait for a slot the slow one holds there made them look as slow,
+# 2.2-2.6 MB/s). No probe outruns the link (12.5 MB/s at 100 Mbit/s), so an upstream faster than a
+# third of the link is never passed over
 PASS_RATIO = 3.0
 WINDOW = 8  # the chunks an upstream's throughput is reckoned over (the latest)
 
@@ -71,12 +74,8 @@ class UpstreamPace:
             self._arrivals.setdefault(upstream, deque(maxlen=WINDOW)).append((time.monotonic(), size))
             self._since_probe[upstream] += 1
 
-    def throughput(self, upstream: str) -> float | None:
-        """Bytes per second from `upstream` over its latest chunks (None: too few, or too short a spell)."""
-        with self._lock:
-            return self._throughput(upstream)
-
     def _throughput(self, upstream: str) -> float | None:
+        """Bytes per second from `upstream` over its latest chunks (None: too few, or too short a spell)."""
         arrivals = self._arrivals.get(upstream)
         if arrivals is None or len(arrivals) < PROBE_AFTER_CHUNKS + 1:
             return None
@@ -104,12 +103,19 @@ class UpstreamPace:
             self._probing = False
 
 
+# the shortest spell from a probe's first bytes to its last that its rate is reckoned over: bytes a
+# loaded peer's process reads late come at once from its daemon's buffers (a 20 Mbit/s peer timed a
+# 256 KiB chunk's rest at 20.8 MB/s, and passed its fast upstream over for that), so a shorter spell
+# is reckoned from the request instead
+MIN_TIMED_S = 0.05
+
+
 def probe_rate(size: int, started: float, ended: float, first_at: float, first_bytes: int) -> float:
     """Bytes per second of a probe of `size` bytes asked at `started`, whose first `first_bytes`
     came at `first_at` and the rest by `ended`: from its first bytes on (the wait for a slot at a
     holder whose slots a slow requester holds is no sign of its uplink's pace), or over the whole
-    request when nearly all came at once."""
-    if first_bytes < size // 2 and ended > first_at:
+    request when nearly all came at once or the rest within MIN_TIMED_S."""
+    if first_bytes < size // 2 and ended - first_at >= MIN_TIMED_S:
         return (size - first_bytes) / (ended - first_at)
     return size / max(ended - started, 1e-6)
 
