@@ -14,7 +14,7 @@ from swarm.fabric.weights.upload_slots import UploadSlots
 from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
 
 SLOW_BYTES_S = 80_000  # the slow peer's download: its ~265 KB snapshot in about 3.3 s
-CHUNK = 1 << 14  # 17 chunks: enough for its downstream to judge its pace on
+CHUNK = 1 << 13  # 33 chunks: enough for its downstream to judge its pace on (over two probes)
 
 
 class SlowLink:
