@@ -18,6 +18,7 @@ when, from whom, bytes, seconds).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import threading
@@ -28,7 +29,7 @@ import torch
 
 from swarm.config import SwarmSettings, default_of
 import swarm.fabric.weights.chunked_fetch as chunked_fetch
-from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.sharer_view import SharerView
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.config.learner_keys import decode_learner_key, encode_learner_key
 from swarm.fabric.membership.pulse import Pulse
@@ -117,6 +118,9 @@ def learner(args) -> None:
 
 
 def receiver(args) -> None:
+    # its log (the benchmark's ROOT/logs/rN.log) tells which upstreams a chain peer probed and passed over
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("swarm.fabric.weights.upstream_pace").setLevel(logging.DEBUG)
     if args.stripes:
         chunked_fetch.CHAIN_MAX = 1  # any two sharers or more deal the chunks out in stripes
     stop = stopping()

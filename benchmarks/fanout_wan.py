@@ -56,6 +56,7 @@ import statistics
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -73,6 +74,13 @@ SLOW_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_MBIT", "0")) or None
 # GEPO_FANOUT_SLOW_UP_MBIT=R: the first sampler uploads at R Mbit/s and downloads at RATE_MBIT (a
 # home line: it fetches at full pace but holds up whoever fetches from it; results ..._slowup<R>mbit)
 SLOW_UP_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_UP_MBIT", "0")) or None
+# GEPO_FANOUT_SLOW_PLACE=K (with GEPO_FANOUT_SLOW_MBIT): the slow link is the sampler's at place K by
+# peer id (0 first: its place in a snapshot's chain), not the first one's: every link starts at
+# RATE_MBIT and that one is reshaped once the samplers' ids are known (results ..._place<K>)
+SLOW_PLACE = int(os.environ["GEPO_FANOUT_SLOW_PLACE"]) if os.environ.get("GEPO_FANOUT_SLOW_PLACE") else None
+# GEPO_FANOUT_EQUAL_TOO=1 (with a slow link): each run with the slow link follows one with every link
+# at RATE_MBIT, in the same process: the slow link's cost as a ratio to the same hour's equal links
+EQUAL_TOO = os.environ.get("GEPO_FANOUT_EQUAL_TOO") == "1"
 DELTAS = int(os.environ.get("GEPO_FANOUT_DELTAS", "1"))  # deltas published per run (the median is reported)
 # GEPO_FANOUT_LINKS=1: read every peer's link counters every LINK_SAMPLE_S (one `ip` call, about 5 ms
 # of CPU) and report how full the links were while each delta went out
@@ -239,12 +247,15 @@ def link_figures(use: dict[str, tuple[float, float]]) -> dict:
             "down_mean_percent": 100 * sum(down) / max(1, len(down)), "down_least_percent": 100 * min(down, default=0.0)}
 
 
-def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, root: Path) -> dict:
+def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, root: Path, *, slow: bool = True) -> dict:
+    """One run; `slow`: with the slow link, if one is set (else every link at RATE_MBIT)."""
     import psutil
 
     options = STRATEGIES[strategy]
+    slow_mbit = SLOW_MBIT if slow else None
+    slow_up_mbit = SLOW_UP_MBIT if slow else None
     with Wan() as wan:
-        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}")
+        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}-{'slow' if slow_mbit or slow_up_mbit else 'equal'}")
         links = cpu = processes = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
@@ -258,18 +269,26 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             key = json.loads((learner_dir / "ready.json").read_text())["learner_key"]
             dirs = [swarm.root / f"r{i}" for i in range(receivers)]
             for i, d in enumerate(dirs):
-                first = i == 0
-                swarm.spawn(wan.host(f"r{i}", rate_mbit=SLOW_MBIT if SLOW_MBIT and first else RATE_MBIT,
-                                     up_mbit=SLOW_UP_MBIT if first else None), f"r{i}",
+                first = i == 0 and SLOW_PLACE is None
+                swarm.spawn(wan.host(f"r{i}", rate_mbit=slow_mbit if slow_mbit and first else RATE_MBIT,
+                                     up_mbit=slow_up_mbit if first else None), f"r{i}",
                             ["receiver", "--transport", transport, "--peers", addr, "--dir", str(d), "--key", key,
                              "--slots", str(options["slots"]), *([] if options["relay"] else ["--no-relay"]),
                              *(["--chunked"] if options["chunked"] else []),
                              *(["--stripes"] if options.get("stripes") else [])], program=PEER)
             for d in dirs:
                 wait_for(lambda: (d / "ready.json").exists(), 120, f"{d.name} joined", swarm)
-            row = {"strategy": strategy, "receivers": receivers, "transport": transport}
+            row = {"strategy": strategy, "receivers": receivers, "transport": transport,
+                   "links": "slow" if slow_mbit or slow_up_mbit else "equal"}
             ids = [json.loads((d / "ready.json").read_text())["peer_id"] for d in dirs]
-            row["slow_position"] = sorted(ids).index(ids[0])  # r0's place by peer id (a snapshot's chain order)
+            slow_one = 0  # the receiver with the slow link (r0, unless SLOW_PLACE picks it by peer id)
+            if SLOW_PLACE is not None and receivers > 1:
+                slow_one = ids.index(sorted(ids)[min(SLOW_PLACE, receivers - 1)])
+                if slow_mbit:
+                    wan.shape(f"r{slow_one}", slow_mbit)
+            row["slow_position"] = sorted(ids).index(ids[slow_one])  # its place by peer id (a snapshot's chain order)
+            slow_dirs = dirs[slow_one:slow_one + 1]
+            fast_dirs = dirs[:slow_one] + dirs[slow_one + 1:]
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
             processes = ProcessCpu([p.popen.pid for p in swarm.procs])
@@ -286,9 +305,9 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 figures = {"s": max(arrival_times(dirs, version, at)),
                            "payload_s": max(arrival_times(dirs, version, at, payload=True)),
                            "cpu_percent": psutil.cpu_percent()}
-                if (SLOW_MBIT or SLOW_UP_MBIT) and receivers > 1:  # the slow sampler (r0) apart from the others
-                    figures["slow_payload_s"] = arrival_times(dirs[:1], version, at, payload=True)[0]
-                    figures["fast_payload_s"] = max(arrival_times(dirs[1:], version, at, payload=True))
+                if (SLOW_MBIT or SLOW_UP_MBIT) and receivers > 1:  # the slow sampler apart from the others
+                    figures["slow_payload_s"] = arrival_times(slow_dirs, version, at, payload=True)[0]
+                    figures["fast_payload_s"] = max(arrival_times(fast_dirs, version, at, payload=True))
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
                 # what the cores did while the payload went out: CPU seconds, all and by process kind
                 figures["payload_cpu_s"] = cpu.busy_seconds(at, at + figures["payload_s"])
@@ -330,8 +349,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, name in zip(axes, ("snapshot", "delta")):
-        for strategy in dict.fromkeys(r["strategy"] for r in rows):
-            mine = [r for r in rows if r["strategy"] == strategy]
+        for strategy, links in dict.fromkeys((r["strategy"], r["links"]) for r in rows):
+            mine = [r for r in rows if r["strategy"] == strategy and r["links"] == links]
+            strategy = strategy if len({r["links"] for r in rows}) == 1 else f"{strategy}, {links} links"
             line, = ax.plot([r["receivers"] for r in mine], [r[f"{name}_s"] for r in mine], marker="o", label=strategy)
             ax.plot([r["receivers"] for r in mine], [r[f"{name}_payload_s"] for r in mine], linestyle="--",
                     color=line.get_color(), label=f"{strategy}: payload received")
@@ -346,6 +366,13 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def busy_note() -> str:
+    """The machine's load when the run ended: others' work on the shared cores disturbs the figures."""
+    load = os.getloadavg()
+    return (f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} (1 / 5 / 15 min) on {os.cpu_count()} cores at "
+            f"the end of the run" + ("; the machine was busy with other work" if load[1] > 0.5 * (os.cpu_count() or 1) else ""))
+
+
 def run() -> dict:
     unavailable = wan_unavailable()
     if unavailable:
@@ -358,17 +385,23 @@ def run() -> dict:
     if unknown:
         raise SystemExit(f"GEPO_FANOUT_STRATEGIES: unknown {unknown}; choose from {', '.join(STRATEGIES)}")
     rows = []
-    with TemporaryDirectory() as tmp:
+    # GEPO_FANOUT_KEEP=DIR: the runs' directories (the peers' logs among them) are kept there
+    with (nullcontext(os.environ["GEPO_FANOUT_KEEP"]) if os.environ.get("GEPO_FANOUT_KEEP") else TemporaryDirectory()) as tmp:
         for strategy in strategies:
             for n in [int(x) for x in os.environ.get("GEPO_FANOUT_RECEIVERS", ",".join(map(str, RECEIVERS))).split(",")]:
-                started = time.time()
-                rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp)))
-                print(f"  {strategy} x{n}: snapshot {rows[-1]['snapshot_s']:.1f}s, delta {rows[-1]['delta_s']:.2f}s "
-                      f"(payload {rows[-1]['delta_payload_s']:.2f}s) "
-                      f"(learner copies {rows[-1]['snapshot_learner_copies']:.1f}/{rows[-1]['delta_learner_copies']:.1f}; "
-                      f"{time.time() - started:.0f}s)", flush=True)
+                for slow in ([False, True] if EQUAL_TOO and (SLOW_MBIT or SLOW_UP_MBIT) else [True]):
+                    started = time.time()
+                    rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp), slow=slow))
+                    r = rows[-1]
+                    print(f"  {strategy} x{n} ({r['links']} links): snapshot {r['snapshot_s']:.1f}s "
+                          f"(payload {r['snapshot_payload_s']:.1f}s"
+                          + (f"; the slow one {r['snapshot_slow_payload_s']:.1f}s, the others {r['snapshot_fast_payload_s']:.1f}s"
+                             if "snapshot_slow_payload_s" in r else "")
+                          + f"), delta {r['delta_s']:.2f}s (payload {r['delta_payload_s']:.2f}s) "
+                          f"(learner copies {r['snapshot_learner_copies']:.1f}/{r['delta_learner_copies']:.1f}; "
+                          f"{time.time() - started:.0f}s)", flush=True)
     for r in rows:
-        one = next((x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1), r)
+        one = next((x for x in rows if x["strategy"] == r["strategy"] and x["receivers"] == 1 and x["links"] == r["links"]), r)
         r["snapshot_vs_one"], r["delta_vs_one"] = r["snapshot_s"] / one["snapshot_s"], r["delta_s"] / one["delta_s"]
         r["snapshot_payload_vs_one"] = r["snapshot_payload_s"] / one["snapshot_payload_s"]
         r["delta_payload_vs_one"] = r["delta_payload_s"] / one["delta_payload_s"]
@@ -378,9 +411,11 @@ def run() -> dict:
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
         ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + ("" if not SLOW_UP_MBIT else f"_slowup{SLOW_UP_MBIT:g}mbit") + \
-        ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies))  # (a baseline's own file)
+        ("" if SLOW_PLACE is None else f"_place{SLOW_PLACE}") + ("_vs_equal" if EQUAL_TOO else "") + \
+        ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies)) + \
+        (f"_{os.environ['GEPO_FANOUT_TAG']}" if os.environ.get("GEPO_FANOUT_TAG") else "")  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_up_mbit": SLOW_UP_MBIT, "megabytes": megabytes, "transport": transport,
+    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_place": SLOW_PLACE, "busy_machine": busy_note(), "slow_up_mbit": SLOW_UP_MBIT, "megabytes": megabytes, "transport": transport,
                "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
@@ -389,9 +424,9 @@ def run() -> dict:
           f"learner copies: bytes it uploaded over the payload's size. "
           + ("" if DELTAS == 1 else f"Delta columns: the median of {DELTAS} deltas published one after the other. ")
           + f"Plot: {name}.png.\n\n" + markdown_table(
-              ["strategy", "samplers", "snapshot MB", "snapshot s", "x one", "payload s", "x one", "learner copies", "delta MB",
+              ["strategy", "links", "samplers", "snapshot MB", "snapshot s", "x one", "payload s", "x one", "learner copies", "delta MB",
                "delta s", "x one", "payload s", "x one", "learner copies", "CPU % (snapshot)", "CPU % (delta payload)"],
-              [[r["strategy"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"], r["snapshot_payload_s"],
+              [[r["strategy"], r["links"], r["receivers"], r["snapshot_mb"], r["snapshot_s"], r["snapshot_vs_one"], r["snapshot_payload_s"],
                 r["snapshot_payload_vs_one"],
                 r["snapshot_learner_copies"], r["delta_mb"], r["delta_s"], r["delta_vs_one"], r["delta_payload_s"],
                 r["delta_payload_vs_one"], r["delta_learner_copies"],
@@ -410,11 +445,25 @@ def run() -> dict:
                [[r["strategy"], r["receivers"], r["delta_payload_cpu_s"], r["delta_payload_p2pd_cpu_s"],
                  r["delta_payload_peer_cpu_s"], r["delta_payload_helper_cpu_s"], r["delta_cores_bound_s"],
                  r["delta_cores_bound_vs_one"]] for r in rows]))
-    slowed = [r for r in rows if "delta_slow_payload_s" in r]
+    if EQUAL_TOO:
+        md += ("\n\nThe snapshot with one slow link against every link at the same rate, in the same process (payload "
+               "seconds: announcement to the last holding all its bytes; x equal: the others' last over the equal "
+               "links' last):\n\n" + markdown_table(
+                   ["strategy", "samplers", "equal links s", "slow one s", "the others, last s", "x equal",
+                    "its place by peer id", "learner copies (slow)"],
+                   [[r["strategy"], r["receivers"], e["snapshot_payload_s"], r["snapshot_slow_payload_s"],
+                     r["snapshot_fast_payload_s"], r["snapshot_fast_payload_s"] / e["snapshot_payload_s"], r["slow_position"],
+                     r["snapshot_learner_copies"]]
+                    for r in rows if "snapshot_slow_payload_s" in r and r["links"] == "slow"
+                    for e in [x for x in rows if x["links"] == "equal" and x["strategy"] == r["strategy"]
+                              and x["receivers"] == r["receivers"]][:1]]))
+    md += f"\n\nMachine: {figures['busy_machine']}\n"
+    slowed = [r for r in rows if "delta_slow_payload_s" in r and r["links"] == "slow"]
     if slowed:
         slow_link = (f"link at {SLOW_MBIT:g} Mbit/s" if SLOW_MBIT else
                      f"upload at {SLOW_UP_MBIT:g} Mbit/s (its download at {RATE_MBIT:g})")
-        md += (f"\n\nOne slow sampler: the first one's {slow_link}, the others' links at {RATE_MBIT:g} "
+        which = "the first one's" if SLOW_PLACE is None else f"the one at place {SLOW_PLACE} by peer id:"
+        md += (f"\n\nOne slow sampler: {which} {slow_link}, the others' links at {RATE_MBIT:g} "
                "(delta payload seconds, median over the deltas; its place among the samplers' peer ids, 0 first: its "
                "place in a snapshot's chain; a delta's chain is in the learner's order, slow links last once judged):\n\n"
                + markdown_table(["strategy", "samplers", "slow one s", "the others, last s", "its place by peer id",

@@ -3,7 +3,7 @@ on loopback: another peer (its own process, tests/helpers/hostile_holder.py) too
 snapshot from the learner as a relaying peer, so the learner sends the joining peer to it for those
 chunks. Honest, it serves them at full speed ("take"); hostile, it serves valid bytes slowly, 512
 bytes every 0.1 s ("slow"). The joining peer judges the peers it is sent to by their rate against
-the learner's (chunked_fetch.SLOW_RATIO) and strikes a slow one. Figures: the joining peer's time
+the learner's (source_judging.SLOW_RATIO) and strikes a slow one. Figures: the joining peer's time
 with the hostile peer / with the honest one (goal: within 2x), and the learner's copies in each.
 
 GEPO_SLOW_HOLDER_MB (default 32), GEPO_SLOW_HOLDER_REPEATS (3), GEPO_SLOW_HOLDER_TRANSPORTS

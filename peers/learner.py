@@ -38,7 +38,7 @@ from swarm.fabric.rollouts.bans import PeerBans
 from swarm.fabric.rollouts.wire import WireLimits
 from swarm.fabric.transports import join_with
 from swarm.fabric.weights.announcements import RunSampling
-from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.sharer_view import SharerView
 from swarm.fabric.weights.delta import non_finite_tensors, state_hash
 from swarm.fabric.weights.publisher import Publisher
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore
@@ -341,7 +341,7 @@ class Learner(Peer):
         self.sampling = RunSampling(config.temperature, config.top_k, config.top_p, config.max_completion_length,
                                     tuple(config.stop_strings),
                                     *((adapter.r, adapter.alpha, adapter.target_modules, adapter.base_hash) if adapter else ()))
-        # who fetches each new delta, named in its announcement (chunked_fetch.SharerView)
+        # who fetches each new delta, named in its announcement (sharer_view.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
         # encodes, hashes and announces versions while the next step trains (closed after the pulse)
         self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing,

@@ -105,7 +105,7 @@ class Fabric(Protocol):
         """Announce a published version, the run's sampling settings, the hashes of the versions
         just before it (`recent`, version -> hash), how its payloads are chunked (`chunks`:
         VersionStore.chunk_specs) and who fetches its delta in chunks (`sharers`:
-        chunked_fetch.SharerView), under this peer's signing key. The named sharers are also sent
+        sharer_view.SharerView), under this peer's signing key. The named sharers are also sent
         it directly, once per version (announcement_push), so they start without a poll. `ended`:
         this version is the run's last (the learner trained its last step); samplers then leave."""
 

@@ -79,7 +79,7 @@ class GrpcWeightServer:
                 yield from self._pieces(data, FORWARD_PIECE_BYTES)
         finally:
             if takes_slot(request):
-                self.slots.release(slot_share(len(data)))
+                self.slots.release(slot_share(len(data)), who)
 
     def _pieces(self, payload: bytes, size: int = CHUNK_BYTES):
         """A payload in messages of at most `size` bytes (`_counted`)."""

@@ -190,7 +190,7 @@ class WeightServer:
         if slot and not await self.slots.take_async(SLOT_WAIT_S, peer, share):
             header, data, slot = self.slots.busy_reply(), None, False
         if slot and (redirect := claim_chunk(self.store.book, request, peer)) is not None:
-            self.slots.release(share)
+            self.slots.release(share, peer)
             header, data, slot = redirect, None, False
         if keep:
             header = {**header, "kept": True}
@@ -207,7 +207,7 @@ class WeightServer:
             return len(data)
         finally:
             if slot:
-                self.slots.release(share)
+                self.slots.release(share, peer)
 
     async def _pass_on(self, feed: ChunkFeed, writer) -> None:
         """A chunk sent as it arrives here (framed as any payload: its size, then its bytes).

@@ -1,5 +1,5 @@
 """Which samplers' links are slow, judged by a learner from the fetches their heartbeats report, so
-that it names each delta's chain with the slow links last (swarm.fabric.weights.chunked_fetch.SharerView).
+that it names each delta's chain with the slow links last (swarm.fabric.weights.sharer_view.SharerView).
 
 Along a chain every sampler fetches at about the pace of the slowest hop before it, so a sampler
 behind a slow one fetches as slowly and its rate says nothing of its own link. A rate says

@@ -19,7 +19,7 @@ from swarm.fabric.weights.chunks import KINDS, TOKEN_PATTERN, ChunkSpec
 
 logger = logging.getLogger(__name__)
 
-# sharers of a delta an announcement names (chunked_fetch.SharerView): a stripe each; the
+# sharers of a delta an announcement names (sharer_view.SharerView): a stripe each; the
 # delta is cut into about 32 chunks, so more would own none
 MAX_ANNOUNCED_SHARERS = 64
 
@@ -67,7 +67,7 @@ class VersionAnnouncement(BaseModel):
     # an announcement by a learner other than the run owner carries the owner's certificate for it
     certificate: constr(max_length=MAX_CERTIFICATE_CHARS, strict=True) = ""
     # the peers that fetch this version's delta in chunks, by the learner's view of the members
-    # (chunked_fetch.SharerView), in the order of their chain (slow links last): every sampler
+    # (sharer_view.SharerView), in the order of their chain (slow links last): every sampler
     # deals the stripes out among the same peers, or makes the same chain, and none has to look
     # the members up before it starts
     sharers: conlist(constr(min_length=1, max_length=128, strict=True), max_items=MAX_ANNOUNCED_SHARERS) = []

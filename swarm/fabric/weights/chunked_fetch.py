@@ -10,7 +10,9 @@ then sends its bytes as they come, the last one once the chunk verified there). 
 carries one flow at its full rate: the learner uploads one copy, every other uplink and every
 downlink one, and the last peer holds the payload one transfer time plus a forward piece and a
 one-way delay per hop after the first started. A peer before this one that leaves, misses chunks or
-sends corrupt data is passed over for the one before it (or the whole holders).
+sends corrupt data is passed over for the one before it (or the whole holders), and so is one far
+slower than the peer before it (swarm.fabric.weights.upstream_pace: a slow link early in a
+snapshot's chain, in peer id order, held every peer after it to its pace).
 
 More sharers deal the chunks out round-robin (stripes, the scatter-then-gather scheme): each
 fetches its own stripe from whole holders and every other chunk from the peer whose stripe it is,
@@ -20,20 +22,17 @@ but each owner's uplink and downlink carry n-1 flows at once, which share them l
 samplers at 50 Mbit/s: links about 60% full, against 68% along a chain in the same hour). Either way the learner
 uploads about one copy however many peers fetch.
 
-Who shares a payload is read from membership records (`sharers_for`): dialable samplers (`relay`)
-whose newest held version is the one before (they fetch the delta) or that hold none (the
-snapshot). For a delta the learner reads them when it publishes and names them in its signed
-announcement (`SharerView`): every sampler then makes the same chain (or stripes) of the same peers and
-starts without a membership lookup of its own (which put the last of 8 samplers' start 0.1-0.26 s
-later on loaded cores). Views differ by a heartbeat at most, so nothing depends on them being right: a peer
+Who shares a payload: swarm.fabric.weights.sharer_view (for a delta, named by the learner in its
+signed announcement, so that every sampler makes the same chain or stripes without a lookup).
+Views differ by a heartbeat at most, so nothing depends on them being right: a peer
 asked for a chunk it is not fetching itself fetches it next from a whole holder (`_adopt`: two
 peers that each take the other for a chunk's owner would otherwise both wait out OWNER_WAIT_S);
 a chunk whose owner does not deliver within its wait or cannot be reached is fetched from a whole
 holder instead; an owner that is busy (its upload slots taken, or too many requests waiting on
 it) is asked again shortly; and a chunk that does not verify is refetched from another peer while
 the sender is struck (`on_corrupt`: the follower shuns it as it does a holder of a corrupt
-version). Whole holders hand out their upload slots to the requester served least so far
-(versions.UploadSlots), so every stripe arrives at the same pace, and a peer whose own stripe is
+version). Holders hand out their upload slots to the requester holding the fewest, then to the one served
+least so far (upload_slots.UploadSlots), so every stripe arrives at the same pace, and a peer whose own stripe is
 done puts its whole-holder workers on the owners' chunks, so the last chunks have more requests in
 flight. A whole holder that sent a chunk to a relaying peer already sends later requesters there
 (chunks.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
@@ -42,7 +41,7 @@ plans that differ (adopted chunks, owners passed over) cost the learner about on
 Peers named by records and redirects are data, never trusted (issue 45): one whose id does not
 parse, or whose request raises anything at all, is struck and shunned, never raising out of the
 fetch; whole holders other than the learner, and the peers a holder redirects to, are judged by
-their delivery rate against the learner's (SLOW_RATIO): too slow, they are given up on within a
+their delivery rate against the learner's (source_judging.SLOW_RATIO): too slow, they are given up on within a
 bounded time and struck, and the chunk comes from the holder. A holder sends one requester to one
 taker for at most half a payload's chunks (chunks.REDIRECT_SHARE), whatever the requester does.
 """
@@ -54,15 +53,16 @@ import random
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
-from swarm.fabric.membership.link_judge import LinkJudge
-from swarm.fabric.membership.records import believable_holds, dialable_peer_id
+from swarm.fabric.membership.records import dialable_peer_id
 from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected, answer_limit
 from swarm.fabric.weights.delta import CorruptVersion
+from swarm.fabric.weights.source_judging import SourceJudging
 from swarm.fabric.weights.upload_slots import HolderBusy
+from swarm.fabric.weights.upstream_pace import PassingOver, UpstreamPace
 from swarm.fabric.weights.versions import send_deadline
 
 logger = logging.getLogger(__name__)
@@ -97,21 +97,6 @@ STALL_S = 15.0  # a fetch that gains no chunk for this long stops (the version i
 # how long the peer a whole holder redirects to may take to have the chunk (it took it from that
 # holder a moment ago, or is taking it now)
 REDIRECT_WAIT_S = 4.0
-MEMBERS_WAIT_S = 5.0  # how long an announcement waits for the learner's membership lookup (then names no sharers)
-# Sources that hold a chunk (relays holding the whole payload, and the peers a whole holder
-# redirects to) are judged by their delivery rate against the best whole holder's in this fetch
-# (the learner's, as a rule: until it is known, the learner is asked first, with `force`). A request
-# to such a source is given up after SLOW_GRACE_S plus SLOW_RATIO times the chunk's time at that
-# rate, and a source that delivers below 1/SLOW_RATIO of it, or not in that time, is struck for the
-# rest of the fetch (and shunned by the follower): a peer that took every chunk from the learner and
-# then served them slowly held a joining sampler to 0.1 of 3.3 MB in 28 s (issue 45)
-SLOW_RATIO = 4.0
-# a request's round trips and a loaded peer's stall; a chunk that came in less time is no sign of a
-# slow source. The cost of a slow source to a joining peer is about this (its first requests, all
-# at once, are given up together): 0.5 s put a 33.6 MB snapshot at 3.1x the honest swarm's time over
-# gRPC (0.31 s honest), 1.8x over hivemind (benchmarks/slow_holder.py)
-SLOW_GRACE_S = 0.2
-MIN_RATED_BYTES = 1 << 16  # once a source has a rate, smaller chunks do not change it
 
 
 class ChunkedFetchFailed(RuntimeError):
@@ -127,80 +112,7 @@ class ChunkSources:
     avoid: frozenset[str] = frozenset()
 
 
-def delta_base(ann) -> int:
-    """The version an announced version's delta applies to: the newest of the learner's recent
-    versions before it (a learner whose publishing fell behind skips versions), else the one before."""
-    return max((v for v in ann.recent if v < ann.version), default=ann.version - 1)
-
-
-def sharers_for(spec: ChunkSpec, members: Iterable, *, me: str, me_relays: bool, base: int | None = None) -> list[str]:
-    """The peers that fetch `spec`'s payload now, by their records (sorted: every peer deals the
-    stripes out alike): relaying samplers holding the delta's `base` as their newest (default: the
-    version before), or holding none (a snapshot)."""
-    found = set()
-    for member in members:
-        record = member.record
-        holds = believable_holds(record, spec.version)  # records are data: a malformed or lying one is skipped
-        if holds is None or record.role != "sampler" or record.relay is not True or record.peer_id == me or spec.version in holds:
-            continue
-        newest = max(holds) if holds else None
-        if (newest == (spec.version - 1 if base is None else base)) if spec.kind == "delta" else newest is None:
-            found.add(record.peer_id)
-    if me_relays:
-        found.add(me)
-    return sorted(found)
-
-
-class SharerView:
-    """A learner's view of who fetches its newest delta: the members are looked up when it
-    publishes a version (`publishing`, beside encoding the delta) and read when it announces it
-    (`announced`), the same list at every announcement of that version, in the order of their
-    chain: slow links last (swarm.fabric.membership.link_judge: one sampler at 20 Mbit/s among 8 at 100, sixth
-    of a chain in peer id order, held the seven others' delta to 4.91 s, against 1.4 s)."""
-
-    def __init__(self, fabric) -> None:
-        self.fabric = fabric
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sharer-view")
-        self._lookup: tuple[int, Future] | None = None
-        self._named: tuple[int, list[str]] | None = None
-        self._base: int | None = None  # what the delta being published applies to
-        self.links = LinkJudge()  # the chains named and how fast their samplers fetched them
-
-    def publishing(self, version: int, base: int | None = None) -> None:
-        """`version` is being encoded, as a delta from `base` (default: the version before)."""
-        self._lookup = (version, self._pool.submit(self.fabric.members))
-        self._base = base
-
-    def announced(self, version: int, chunks) -> list[str]:
-        """The sharers to name in the announcement of `version` (chunks: what it announces; the
-        announcement bounds the list); none without a delta, or when the lookup failed (samplers
-        then look the members up themselves)."""
-        if self._named is not None and self._named[0] == version:
-            return self._named[1]
-        delta = next((spec for spec in chunks if spec.kind == "delta" and spec.version == version), None)
-        lookup = self._lookup
-        if delta is None or lookup is None or lookup[0] != version:
-            return []
-        try:
-            members = lookup[1].result(timeout=MEMBERS_WAIT_S)
-        except Exception as exc:  # noqa: BLE001  a lookup hiccup: the samplers look for themselves
-            logger.debug("member lookup for version %d failed: %s", version, exc)
-            members = None
-        named = []
-        if members is not None:
-            self.links.heard(members)
-            named = self.links.order(sharers_for(delta, members, me=self.fabric.peer_id, me_relays=False, base=self._base),
-                                     version)
-            if len(named) <= CHAIN_MAX:  # (more deal the chunks out in stripes: their rates say less)
-                self.links.named(version, named)
-        self._named = (version, named)
-        return named
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-class ChunkedFetch:
+class ChunkedFetch(PassingOver, SourceJudging):
     """Fetches `spec`'s payload into a Partial registered in `book` (served to others as it fills)."""
 
     def __init__(self, client, book: ChunkBook, spec: ChunkSpec, sources: ChunkSources, me: str, *,
@@ -232,6 +144,11 @@ class ChunkedFetch:
         self._from_owners: deque[int] = deque()
         self._busy = 0  # workers in a request
         self._inflight: set[int] = set()  # chunks a worker is fetching from a whole holder now
+        self._asking: set[tuple[int, str]] = set()  # (chunk, sharer) of the requests to sharers in flight
+        self.pace = UpstreamPace()  # how fast a chain's upstream passes chunks on
+        self.passed_over: set[str] = set()  # upstreams passed over for being far slower than the peer before them
+        self._workers: list[threading.Thread] = []
+        self._surplus = 0  # workers started for a passed-over upstream's chunks, to retire once through
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
         self.redirected = 0  # chunk requests a whole holder sent to the peer it had sent the chunk to
         self.relays = me in self.sharers  # this peer serves what it receives (holders may send others here)
@@ -284,12 +201,12 @@ class ChunkedFetch:
             (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
         self.partial = partial = self.book.begin(self.spec, *manifest, wanted=self._adopt)
         try:
-            workers = [threading.Thread(target=self._work, args=(whole,), daemon=True, name="chunk-fetch")
-                       for whole in [True] * self.whole_workers + [False] * SHARED_WORKERS]
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join(max(0.0, self.deadline - time.monotonic()) + 5)
+            for whole in [True] * self.whole_workers + [False] * SHARED_WORKERS:
+                self._start_worker(whole)
+            joined = 0
+            while joined < len(self._workers):  # (a passed-over upstream adds workers meanwhile)
+                self._workers[joined].join(max(0.0, self.deadline - time.monotonic()) + 5)
+                joined += 1
             if not partial.complete:
                 raise ChunkedFetchFailed(f"{partial.missing} of {self.spec.count} chunks of {self.spec.kind} "
                                          f"{self.spec.version} could not be fetched (whole holders left: "
@@ -300,6 +217,12 @@ class ChunkedFetch:
         except BaseException:
             self.book.end(partial)
             raise
+
+    def _start_worker(self, whole: bool) -> None:
+        worker = threading.Thread(target=self._work, args=(whole,), daemon=True, name="chunk-fetch")
+        with self._cond:
+            self._workers.append(worker)
+        worker.start()
 
     def _manifest(self) -> tuple[bytes, list[bytes]]:
         """The manifest from the first whole holder (then sharer) that sends one matching the root:
@@ -399,12 +322,27 @@ class ChunkedFetch:
                 if not ok:  # every whole holder busy (or failing): a moment for a slot to free
                     time.sleep(self.rng.uniform(*RETRY_S))
             else:
-                ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
+                with self._cond:
+                    self._asking.add((index, owner))
+                try:
+                    ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
+                finally:
+                    with self._cond:
+                        self._asking.discard((index, owner))
                 if ok is None and self._busy_in_a_row[owner] <= OWNER_BUSY:  # on its way there: ask it again shortly
                     self._done(index, self._from_owners, front=self.chain)  # a chain's upstream sends in order
                     time.sleep(self.rng.uniform(*RETRY_S))
                     continue
-                self._done(index, None if ok else self._from_whole)  # not from its owner: from a whole holder
+                # not from its owner: from a whole holder (a passed-over upstream's: from the chain's peer before it)
+                passed = owner in self.passed_over
+                self._done(index, None if ok else self._from_owners if passed else self._from_whole, front=passed)
+                if ok and self.chain:
+                    self.pace.arrived(owner, answer_limit(self.spec, index))
+                    self._judge_upstream(owner)
+            with self._cond:
+                if self._surplus > 0 and not whole:
+                    self._surplus -= 1
+                    return
 
     def _fetch_whole(self, index: int) -> bool:
         relays = [p for p in self.whole[:-1] if p not in self._dead]
@@ -415,16 +353,6 @@ class ChunkedFetch:
             # with `force`, so that its rate is known (a chunk or two of one copy)
             return any(self._try(peer, index, 0.0, force=peer in learner) is True for peer in learner + relays)
         return any(self._try(peer, index, 0.0, judged=peer not in learner) is True for peer in relays + learner)
-
-    def _reference(self) -> float | None:
-        """The best delivery rate of a whole holder not judged itself (the learner) in this fetch."""
-        with self._cond:
-            return self.rates.get(self.whole[-1]) if self.whole else None
-
-    def _judge_deadline(self, size: int) -> float | None:
-        """How long a judged source may take for a chunk of `size` bytes (None: no rate known yet)."""
-        reference = self._reference()
-        return None if not reference else SLOW_GRACE_S + SLOW_RATIO * size / reference
 
     def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False, judged: bool = False) -> bool | None:
         """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed.
@@ -496,27 +424,6 @@ class ChunkedFetch:
         if self.on_chunk is not None:
             self.on_chunk(len(data))
         return True
-
-    def _rated(self, peer: str, size: int, seconds: float, *, judged: bool) -> None:
-        """A chunk of `size` bytes from `peer` took `seconds`: its best rate so far; a judged source
-        far slower than the reference is struck (its chunk is kept: it verified)."""
-        if size < MIN_RATED_BYTES and peer in self.rates:
-            return  # a small chunk's round trip says more of the request than of the link
-        rate = size / max(seconds, 1e-6)
-        with self._cond:
-            self.rates[peer] = max(self.rates.get(peer, 0.0), rate)
-        reference = self._reference()
-        if judged and reference and seconds > SLOW_GRACE_S and rate * SLOW_RATIO < reference:
-            self._slow_source(peer, f"{rate / 1e6:.2f} MB/s against the learner's {reference / 1e6:.2f} MB/s")
-
-    def _slow_source(self, peer: str, why: str) -> None:
-        logger.warning("peer %s delivers chunks of %s %d too slowly (%s): not asked again in this fetch", peer,
-                       self.spec.kind, self.spec.version, why)
-        with self._cond:
-            self.slow.add(peer)
-            self._dead.add(peer)
-        if self.on_unreachable is not None:
-            self.on_unreachable(peer, TimeoutError(f"too slow: {why}"))
 
     def _unusable(self, peer: str, exc: BaseException) -> None:
         """`peer` cannot be asked at all (an id that does not parse, an answer the client could not

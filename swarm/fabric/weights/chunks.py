@@ -532,7 +532,7 @@ def claim_chunk(book: ChunkBook, request: dict, taker: str, *, take: bool = True
 def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", taker: str = "") -> tuple[dict, bytes | None]:
     """A holder's answer to a manifest or chunk request: (header, data). With `slots`, when data
     is not None and the request `takes_slot`, its `slot_share` of an upload slot is held, which the
-    caller releases once it has sent the data, and the chunk is claimed (`claim_chunk`: a redirect instead; without
+    caller releases (for `who`) once it has sent the data, and the chunk is claimed (`claim_chunk`: a redirect instead; without
     slots, the caller takes one and claims); `who` is the requester, whose turn for a slot comes by
     how many it was given (UploadSlots), `taker` its peer id (where later requesters of the chunk
     may be sent). Blocks (a chunk on its way, a slot): call it from a thread."""
@@ -554,7 +554,7 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", take
             return slots.busy_reply(), None
         redirect = claim_chunk(book, request, taker)
         if redirect is not None:
-            slots.release(slot_share(len(data)))
+            slots.release(slot_share(len(data)), who)
             return redirect, None
     return {"ok": True, "count": 1, "sizes": [len(data)]}, data
 

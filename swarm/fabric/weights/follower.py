@@ -33,7 +33,8 @@ from swarm.fabric.membership.authority import key_fingerprint
 from swarm.fabric.membership.records import believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
-from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, delta_base, sharers_for
+from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources
+from swarm.fabric.weights.sharer_view import delta_base, sharers_for
 from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy

@@ -28,9 +28,13 @@ class UploadSlots:
     a second: queueing costs less than a busy reply and a retry) and is then answered busy (the
     requester asks another holder) rather than queued behind transfers that may take minutes.
 
-    A freed slot goes to the waiting requester that was given the fewest slots since this peer was
-    last idle (the earliest among equals): the learner hands out the stripes of a payload evenly,
-    so no stripe owner falls behind the others and holds up everyone's last chunks.
+    A freed slot goes to the waiting requester that holds the fewest now, then to the one that was
+    given the fewest since this peer was last idle (the earliest among equals): the learner hands
+    out the stripes of a payload evenly, so no stripe owner falls behind the others and holds up
+    everyone's last chunks; and a requester behind a slow link, whose chunks take five times as long
+    to go out, holds no more of the slots than a fast one (by the count given alone, it was given a
+    freed slot as often as the fast one, which then fetched at the slow one's pace: a chain peer that
+    passed a slow upstream over and took from the same peer as it, upstream_pace).
 
     A transfer may take a `share` of a slot (a chunk smaller than a whole slot's: chunks.slot_share):
     the budget is bytes in flight, so a payload cut in small chunks keeps an uplink as busy as one
@@ -44,6 +48,7 @@ class UploadSlots:
         self._tickets = itertools.count()
         self._waiting: dict[int, str] = {}  # ticket -> requester, while it waits
         self._given: Counter = Counter()  # requester -> slots given since the last idle moment
+        self._held: Counter = Counter()  # requester -> SHARE_UNITS it holds now
         self._wakeups: set = set()  # (loop, future) of coroutines waiting in take_async
 
     @property
@@ -55,11 +60,12 @@ class UploadSlots:
         """Under the lock: give `ticket` `units` of a slot if they are free and it is the one to serve next."""
         if self.limit is not None and self._used + units > self.limit * SHARE_UNITS:
             return False
-        if min(self._waiting, key=lambda t: (self._given[self._waiting[t]], t)) != ticket:
+        if min(self._waiting, key=lambda t: (self._held[self._waiting[t]], self._given[self._waiting[t]], t)) != ticket:
             return False
         who = self._waiting.pop(ticket)
         self._used += units
         self._given[who] += 1
+        self._held[who] += units
         return True
 
     def _give_up(self, ticket: int) -> None:
@@ -124,11 +130,17 @@ class UploadSlots:
             with self._cond:
                 self._give_up(ticket)  # a no-op once granted
 
-    def release(self, share: float = 1.0) -> None:
+    def release(self, share: float = 1.0, who: str = "") -> None:
+        """Frees what `take` gave requester `who` with this `share`."""
+        units = _units(share)
         with self._cond:
-            self._used -= _units(share)
+            self._used -= units
+            self._held[who] -= units
+            if self._held[who] <= 0:
+                del self._held[who]
             if self._used <= 0 and not self._waiting:
                 self._given.clear()  # idle: the next busy spell starts even
+                self._held.clear()  # (and holds nothing, whoever a release named)
             self._wake()
 
     def busy_reply(self) -> dict:

@@ -9,7 +9,7 @@ volunteer cannot push weights. A receiver that holds version k asks for k -> wan
 chain of deltas; a new or too-far-behind receiver gets a snapshot. Published versions need not be
 consecutive: a learner whose publishing falls behind skips versions (publisher.py), and each delta
 goes from the version published before it (`VersionStore.bases`; receivers read it from the
-announcement's recent versions: chunked_fetch.delta_base).
+announcement's recent versions: sharer_view.delta_base).
 
 A learner holds up to max_staleness + 1 versions for verification and serving, so not each one
 whole: the newest is whole and each older one an undo delta from the one after it, rebuilt on

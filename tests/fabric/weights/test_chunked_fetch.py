@@ -10,7 +10,8 @@ from concurrent.futures import Future
 import pytest
 
 import swarm.fabric.weights.chunked_fetch as chunked_fetch
-from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources, SharerView, sharers_for
+from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources
+from swarm.fabric.weights.sharer_view import SharerView, sharers_for
 from swarm.fabric.membership.link_judge import LinkJudge
 from swarm.fabric.weights.chunked_fetch import WHOLE_WORKERS
 from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, REDIRECT_SHARE, ChunkBook, spec_of

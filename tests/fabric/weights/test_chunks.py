@@ -33,7 +33,7 @@ from swarm.fabric.weights.chunks import (
 )
 import swarm.fabric.weights.chunked_fetch as chunked_fetch
 import swarm.fabric.weights.versions as versions_module
-from swarm.fabric.weights.chunked_fetch import SharerView
+from swarm.fabric.weights.sharer_view import SharerView
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.fabric.membership.pulse import Pulse
 from swarm.fabric.membership.records import Heartbeat

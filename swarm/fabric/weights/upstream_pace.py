@@ -1,0 +1,227 @@
+"""How fast a chain's upstream passes a payload on, and when to ask the peer before it instead.
+
+Along a chain every peer fetches at the pace of the slowest hop before it. A snapshot's chain is in
+peer id order (new samplers have reported no fetch the learner could order it by), so one slow link
+early in it held every peer after it to its pace: 8 new samplers took a 98.6 MB snapshot in 45-50 s
+with a 20 Mbit/s sampler fourth, against 12.6 s with every link at 100 Mbit/s. Passed over, the seven
+others took it in 1.06x the time on equal links (18.4 s against 17.4 s in one process, on a busy
+machine where it was 51.0 s against 20.5 s before: benchmarks/fanout_wan.py, GEPO_FANOUT_SLOW_PLACE).
+
+The peer right after a slow one sees it first: its upstream's chunks come slowly. Whether the slow
+hop is its upstream's download (pass it over) or a hop further up (passing it over gains nothing)
+shows in one request: the peer before the upstream (`before`: the learner for the chain's second
+peer) is asked for a chunk with no wait. If that peer sends it PASS_RATIO times as fast as the
+upstream's throughput, twice in a row (PASSES), the upstream is passed over: the chain goes on from that peer, the slow
+one hangs off it as a leaf (taking its share of that peer's uplink, which upload_slots.UploadSlots
+bounds: a freed slot goes to the requester holding the fewest), and no peer after the slow one waits
+for it again.
+
+The probe asks for a chunk PROBE_AHEAD places beyond the next one in this peer's queue (with
+SHARED_WORKERS requests in flight, about 16 past what it holds), with no wait: along a chain of
+equal links every peer is within a chunk or two of the one before it, so the peer before the
+upstream does not hold it yet and answers busy at once, costing no bytes. Only a peer far ahead of
+the upstream holds it, which is what passing the upstream over needs: one held up behind a slow
+download further up (the upstream's upstream is then as far behind) is never passed for it.
+
+Throughput, not a request's time: a chain peer keeps SHARED_WORKERS requests in flight at its
+upstream, so each request's time includes the queue before it, and a peer held up behind a slow hop
+would look slow to the peer after it in turn (the cascade that split an earlier try's chain into a
+tree: CHANGELOG, "Tried and left out"). A probe is a chunk the peer needs anyway; one answered busy
+is asked again after PROBE_AFTER_CHUNKS more chunks, at most PROBES times per upstream, so equal
+links cost a few busy answers per fetch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+
+from swarm.fabric.weights.chunks import answer_limit
+from swarm.fabric.weights.delta import CorruptVersion
+
+logger = logging.getLogger(__name__)
+
+# chunks from an upstream (after its first, or since its last probe) before its throughput is judged:
+# with two probes needed (PASSES), 4 held the peers after a slow one to its pace for 11.5 s of a
+# snapshot (the seven others 24.6 s against 14.3 s on equal links)
+PROBE_AFTER_CHUNKS = 2
+PROBE_MIN_S = 0.3  # ... over at least this long: a few chunks in a burst say little of a link
+PROBE_AHEAD = 8  # the probe's chunk: this many places into the queue of chunks not asked for yet
+PROBES = 5  # probes at most per upstream in one fetch (each costs a request; most find nothing yet)
+# probes in a row that must each find the upstream slow, its throughput reckoned afresh for each
+# (over the chunks since the one before): a peer held up behind a slow hop that was then passed over
+# catches up at once, and one probe timed while it still lagged had the peer after it pass it over
+# too (the cascade: the seven others 24.2 s against 18.4 s)
+PASSES = 2
+# a peer before the upstream that sends a chunk this many times as fast as the upstream's throughput
+# passes it on: the upstream is passed over. A probe shares that peer's uplink with the upstream's
+# own flow: at 100 Mbit/s, a 20 Mbit/s upstream measured 1.6-2.0 MB/s against probes of 10-13 MB/s
+# (timed from their first bytes: the wait for a slot the slow one holds there made them look as slow,
+# 2.2-2.6 MB/s). No probe outruns the link (12.5 MB/s at 100 Mbit/s), so an upstream faster than a
+# third of the link is never passed over
+PASS_RATIO = 3.0
+WINDOW = 16  # at most the chunks an upstream's throughput is reckoned over (those since the last probe)
+
+
+class UpstreamPace:
+    """Per upstream: when its chunks arrived since it was last probed (its throughput), how often it
+    was probed, how many probes in a row found it slow, and whether a probe is under way now (one
+    at a time per fetch)."""
+
+    def __init__(self) -> None:
+        self._arrivals: dict[str, deque[tuple[float, int]]] = {}
+        self._probes: Counter[str] = Counter()
+        self._since_probe: Counter[str] = Counter()
+        self._slow_in_a_row: Counter[str] = Counter()
+        self._probing = False
+        self._lock = threading.Lock()
+
+    def arrived(self, upstream: str, size: int) -> None:
+        """A chunk of `size` bytes from `upstream` was kept."""
+        with self._lock:
+            self._arrivals.setdefault(upstream, deque(maxlen=WINDOW)).append((time.monotonic(), size))
+            self._since_probe[upstream] += 1
+
+    def _throughput(self, upstream: str) -> float | None:
+        """Bytes per second from `upstream` over its latest chunks (None: too few, or too short a spell)."""
+        arrivals = self._arrivals.get(upstream)
+        if arrivals is None or len(arrivals) < PROBE_AFTER_CHUNKS + 1:
+            return None
+        span = arrivals[-1][0] - arrivals[0][0]
+        if span < PROBE_MIN_S:
+            return None
+        return sum(size for _, size in list(arrivals)[1:]) / span  # the first chunk's bytes came before the span
+
+    def start_probe(self, upstream: str) -> float | None:
+        """The throughput of `upstream` to test a probe against, when it is time to probe (the caller
+        then calls `end_probe`); None otherwise."""
+        with self._lock:
+            if self._probing or self._probes[upstream] >= PROBES or self._since_probe[upstream] < PROBE_AFTER_CHUNKS:
+                return None
+            rate = self._throughput(upstream)
+            if rate is None:
+                return None
+            self._probing = True
+            self._probes[upstream] += 1
+            self._since_probe[upstream] = 0
+            arrivals = self._arrivals[upstream]
+            while len(arrivals) > 1:  # the next probe's throughput: from the last chunk here on
+                arrivals.popleft()
+            return rate
+
+    def end_probe(self, upstream: str, slow: bool) -> bool:
+        """A probe of the peer before `upstream` ended, finding `upstream` `slow` or not: whether
+        PASSES probes in a row found it slow (pass it over)."""
+        with self._lock:
+            self._probing = False
+            self._slow_in_a_row[upstream] = self._slow_in_a_row[upstream] + 1 if slow else 0
+            return self._slow_in_a_row[upstream] >= PASSES
+
+
+# the shortest spell from a probe's first bytes to its last that its rate is reckoned over: bytes a
+# loaded peer's process reads late come at once from its daemon's buffers (a 20 Mbit/s peer timed a
+# 256 KiB chunk's rest at 20.8 MB/s, and passed its fast upstream over for that), so a shorter spell
+# is reckoned from the request instead
+MIN_TIMED_S = 0.05
+
+
+def probe_rate(size: int, started: float, ended: float, first_at: float, first_bytes: int) -> float:
+    """Bytes per second of a probe of `size` bytes asked at `started`, whose first `first_bytes`
+    came at `first_at` and the rest by `ended`: from its first bytes on (the wait for a slot at a
+    holder whose slots a slow requester holds is no sign of its uplink's pace), or over the whole
+    request when nearly all came at once or the rest within MIN_TIMED_S."""
+    if first_bytes < size // 2 and ended - first_at >= MIN_TIMED_S:
+        return (size - first_bytes) / (ended - first_at)
+    return size / max(ended - started, 1e-6)
+
+
+# a probe's round trips on loaded cores and its wait for a slot (a slow requester's chunk going out:
+# 0.42 s for 1 MiB at 20 Mbit/s), on top of its bytes' time at the rate that would pass
+PROBE_GRACE_S = 1.0
+
+
+def probe_deadline(throughput: float, size: int) -> float:
+    """How long a probe for a chunk of `size` bytes may take (longer, and it would not pass the
+    upstream over by much: it is given up, and the upstream kept)."""
+    return PROBE_GRACE_S + size / (PASS_RATIO * throughput)
+
+
+class PassingOver:
+    """The part of a chunked fetch (chunked_fetch.ChunkedFetch, which holds the state these read)
+    that judges a chain's upstream and passes a slow one over."""
+
+    def _judge_upstream(self, upstream: str) -> None:
+        """In a chain, after a chunk from `upstream`: now and then (UpstreamPace), a chunk well ahead
+        of those asked for (upstream_pace.PROBE_AHEAD) is asked of the peer before it, with no wait;
+        one that holds it and sends it far faster than `upstream` passes chunks on
+        (upstream_pace.PASS_RATIO) has it pass `upstream` over."""
+        before = self._before(upstream) if upstream == self.upstream() else None
+        throughput = self.pace.start_probe(upstream) if before is not None else None
+        if throughput is None:
+            return
+        ok, rate, index, passing = False, 0.0, None, False
+        try:
+            with self._cond:
+                queued = [i for i in self._from_owners if not self.partial.have[i]]
+                if not queued:
+                    return
+                index = queued[min(PROBE_AHEAD, len(queued) - 1)]
+                self._from_owners.remove(index)
+                self._busy += 1
+            size = answer_limit(self.spec, index)
+            first: list[tuple[float, int]] = []  # when the probe's first bytes came, and how many
+
+            def timed(piece: bytes) -> None:
+                if not first:
+                    first.append((time.monotonic(), len(piece)))
+            started = time.monotonic()
+            try:  # with `force`: a whole holder sends it whoever took it (a redirect would say nothing of its pace)
+                data = self.client.piece(before, self.spec, index, 0.0, force=True, relays=self.relays, sink=timed,
+                                         timeout_s=probe_deadline(throughput, size))
+                ended = time.monotonic()
+                ok = self._keep(before, index, data)
+            except CorruptVersion as exc:
+                self._strike(before, exc)
+            except Exception as exc:  # noqa: BLE001  a probe that fails or runs out of time says nothing against anyone
+                logger.debug("probe of %s for chunk %d failed: %s: %s", before, index, type(exc).__name__, exc)
+            if ok:
+                rate = probe_rate(size, started, ended, *(first[0] if first else (started, 0)))
+        finally:
+            passing = self.pace.end_probe(upstream, ok and rate >= PASS_RATIO * throughput)
+            if index is not None:
+                self._done(index, None)
+                if not ok:  # back in its place: the chain's chunks are asked for in order
+                    with self._cond:
+                        self._from_owners.insert(sum(1 for i in self._from_owners if i < index), index)
+        logger.debug("probe of %s for chunk %d of %s %d: %s; %s's throughput %.2f MB/s", before, index, self.spec.kind,
+                     self.spec.version, f"{rate / 1e6:.2f} MB/s" if ok else "not sent", upstream, throughput / 1e6)
+        if passing:
+            self._pass_over(upstream, f"{throughput / 1e6:.2f} MB/s, against {rate / 1e6:.2f} MB/s from {before}")
+
+    def _before(self, upstream: str) -> str | None:
+        """The chain's peer before `upstream` that is not passed over; for its head, the last whole holder."""
+        with self._cond:
+            place = self.sharers.index(upstream) if upstream in self.sharers else 0
+            found = next((p for p in reversed(self.sharers[:place]) if p not in self._dead), None)
+            if found is None and self.whole and self.whole[-1] not in self._dead:
+                found = self.whole[-1]
+            return found
+
+    def _pass_over(self, upstream: str, why: str) -> None:
+        """`upstream` passes chunks on far slower than the peer before it: the chain goes on from that
+        peer. The chunks asked of `upstream` are asked of it too, by workers of their own (the
+        requests waiting on `upstream` end at its pace), which retire as the others finish."""
+        logger.info("passing %s over in the chain of %s %d: %s", upstream, self.spec.kind, self.spec.version, why)
+        with self._cond:
+            self._dead.add(upstream)
+            self.passed_over.add(upstream)
+            stuck = sorted(i for i, peer in self._asking if peer == upstream and not self.partial.have[i])
+            for index in reversed(stuck):
+                if index not in self._from_owners:
+                    self._from_owners.appendleft(index)
+            self._surplus += len(stuck)
+            self._cond.notify_all()
+        for _ in stuck:
+            self._start_worker(False)

@@ -1,0 +1,136 @@
+"""A slow link in the middle of a chain (swarm/fabric/weights/upstream_pace.py), with real holders on
+loopback: the peer after the slow one passes it over for the peer before it, the peer after that
+keeps its own upstream (no cascade), and on equal links nobody is passed over. The slow link is the
+slow peer's download: its client takes every chunk's bytes at SLOW_BYTES_S (a real fetch whose
+reads are throttled, as a 20 Mbit/s line throttles them; it passes them on as slowly)."""
+
+import threading
+import time
+
+import pytest
+
+from swarm.fabric.weights.versions import VersionStore
+from swarm.fabric.weights.upload_slots import UploadSlots
+from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
+
+SLOW_BYTES_S = 80_000  # the slow peer's download: its ~265 KB snapshot in about 3.3 s
+CHUNK = 1 << 14  # 17 chunks: its downstream judges its pace over two probes of two chunks each; a probe on
+# loopback is a round trip (about 0.7 MB/s for 16 KiB), well over PASS_RATIO times the slow link
+
+
+class SlowLink:
+    """A download link of `bytes_s`: the bytes of every request through it take their turn at that rate."""
+
+    def __init__(self, bytes_s: float) -> None:
+        self.bytes_s, self._free, self._lock = bytes_s, time.monotonic(), threading.Lock()
+
+    def carry(self, size: int) -> None:
+        with self._lock:
+            self._free = max(self._free, time.monotonic()) + size / self.bytes_s
+            until = self._free
+        time.sleep(max(0.0, until - time.monotonic()))
+
+
+def throttled(client, bytes_s: float) -> None:
+    """`client` receives chunks through a SlowLink: each piece's bytes are held back their time on
+    it before they are read on (and passed on: the sink hears them as late)."""
+    piece, link = client.piece, SlowLink(bytes_s)
+
+    def slow_piece(holder, spec, index, wait_s=0.0, *, sink=None, **options):
+        def slow_sink(data: bytes) -> None:
+            link.carry(len(data))
+            sink(data)
+
+        data = piece(holder, spec, index, wait_s, sink=slow_sink if sink is not None else None, **options)
+        if sink is None:  # the bytes came at once: held back as long as the link takes for them
+            link.carry(len(data))
+        return data
+    client.piece = slow_piece
+
+
+def chain_of_four(make_fabric, slow_place: int | None):
+    """Four sharers fetching a snapshot along one chain (sorted by peer id), the one at `slow_place`
+    behind a slow download: (fetches in chain order, finish times, payloads, the learner's bytes served, size)."""
+    learner, store, _ = learner_with_a_snapshot(make_fabric)
+    store.book.chunk_bytes = CHUNK
+    spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
+    server = learner.weight_server(store)
+    peers = sorted((make_fabric() for _ in range(4)), key=lambda peer: peer.peer_id)
+    sharers = [peer.peer_id for peer in peers]
+    stores = [VersionStore() for _ in peers]
+    servers = [peer.weight_server(s) for peer, s in zip(peers, stores)]
+    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers) for peer, s in zip(peers, stores)]
+    if slow_place is not None:
+        throttled(fetches[slow_place].client, SLOW_BYTES_S)
+    done, payloads = {}, {}
+
+    def run(fetch):
+        payloads[fetch.me] = fetch.run().payload()
+        done[fetch.me] = time.monotonic()
+    threads = [threading.Thread(target=run, args=(f,)) for f in fetches]
+    started = time.monotonic()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
+        assert list(payloads.values()) == [store.payload("snapshot", 0)] * 4
+        return fetches, {peer: at - started for peer, at in done.items()}, server.bytes_served, spec.size
+    finally:
+        for f in fetches:
+            f.client.close()
+        for s in [server, *servers]:
+            s.close()
+
+
+@pytest.mark.parametrize("make_fabric, slow_place", [("hivemind", 1), ("grpc", 1), ("grpc", 0)],
+                         indirect=["make_fabric"])
+def test_the_peer_after_a_slow_one_passes_it_over_and_the_peer_after_that_keeps_its_upstream(make_fabric, slow_place):
+    """The slow one second (the third passes it over for the head) or heading the chain (the
+    second passes it over for the learner, and heads the chain itself)."""
+    fetches, finished, served, size = chain_of_four(make_fabric, slow_place=slow_place)
+    slow, after, last = fetches[slow_place], fetches[slow_place + 1], fetches[-1]
+    print(f"{make_fabric.transport}, slow one at {slow_place}: finished after "
+          + ", ".join(f"{t:.2f}" for t in finished.values()) + f" s (the slow one {finished[slow.me]:.2f} s)")
+    passed = [f.passed_over for f in fetches]
+    assert after.passed_over == {slow.me}, (passed, finished)
+    assert not any(f.passed_over for f in fetches if f is not after), passed  # no cascade
+    before = fetches[slow_place - 1].me if slow_place else None  # (None: the whole holders, the learner)
+    assert after.upstream() == before
+    assert sum(n for peer, n in after.received.items() if peer != slow.me) > 0.5 * size  # most of it came past the slow one
+    assert last.received[last.upstream()] > 0.8 * size
+    # the slow one's own download bounds it (its link alone: size / SLOW_BYTES_S); the peers after
+    # it, no longer behind it once judged (two probes, about a third of its chunks), end well before
+    # it (behind it, they end with it: 1.0)
+    assert max(finished[f.me] for f in fetches[slow_place + 1:]) < 0.75 * finished[slow.me], finished
+    # one copy, or two when the slow one heads the chain: the learner sends it one at its pace, and one
+    # to the peer that heads the chain now
+    copies = 2.3 if slow_place == 0 else 1.3
+    assert served < copies * size, f"the learner sent {served / size:.2f} copies"
+
+
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_on_equal_links_no_upstream_is_passed_over(make_fabric):
+    fetches, _, served, size = chain_of_four(make_fabric, slow_place=None)
+    assert not any(f.passed_over for f in fetches)
+    assert all(f.received[f.upstream()] > 0.8 * size for f in fetches[1:])
+    assert served < 1.3 * size
+
+
+def test_a_freed_slot_goes_to_the_requester_holding_the_fewest():
+    """A slow requester whose chunks take long to go out does not hold a holder's slots from a fast
+    one: by the count given alone it was served as often, and the fast one went at its pace."""
+    slots = UploadSlots(2)
+    assert slots.take(0.0, "fast") and slots.take(0.0, "slow")
+    order = []
+    waiters = [threading.Thread(target=lambda who=who: slots.take(5.0, who) and order.append(who)) for who in ("slow", "fast")]
+    for w in waiters:
+        w.start()
+        time.sleep(0.05)  # the slow one waits first, and was given no more than the fast one
+    slots.release(1.0, "fast")  # the fast one's chunk is out: it holds none now, the slow one still one
+    waiters[1].join(5)
+    assert order == ["fast"]
+    slots.release(1.0, "slow")
+    waiters[0].join(5)
+    assert order == ["fast", "slow"] and slots.active == 2
