@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import RESULTS, markdown_table, write_result
-from benchmarks.gpu_sections import FULL, LEARNER_ONLY, SECTION_FUNCTIONS, SECTIONS, SMALL, Run, Size
+from benchmarks.gpu_sections import SECTION_FUNCTIONS
+from benchmarks.gpu_setup import FULL, LEARNER_ONLY, SECTIONS, SMALL, Run, Size
 
 
 def run_section_here(run: Run, result: Path) -> int:
@@ -190,7 +191,7 @@ HOW = """- Model: Qwen3's architecture with random (seeded) weights, at Qwen3-0.
 
 
 def variant_tables(variants: list[dict]) -> list[str]:
-    """The learner's variants (benchmarks/gpu_sections.py: LEARNER_VARIANTS): speed and share, then where each
+    """The learner's variants (benchmarks/gpu_setup.py: LEARNER_VARIANTS): speed and share, then where each
     step's time went (benchmarks/learner_breakdown.py), then each one's top kernels."""
     def seconds(value) -> str:
         return "-" if value is None else f"{value:.3f}"
@@ -219,7 +220,7 @@ def variant_tables(variants: list[dict]) -> list[str]:
                     + markdown_table(["kernel" if "kernel" in (prof["top"] or [{}])[0] else "op", "kind", "calls", "seconds"],
                                      [[t.get("kernel", t.get("op", "")).replace("|", "/"), t.get("kind", ""), t["calls"],
                                        t.get("device_s", t.get("host_s"))] for t in prof["top"]]))
-    return ["\n## Learner variants\n", "Each speed option on top of the one before (benchmarks/gpu_sections.py: "
+    return ["\n## Learner variants\n", "Each speed option on top of the one before (benchmarks/gpu_setup.py: "
             "LEARNER_VARIANTS); first step: AdamW's state and any compiling. With attention: PaLM's 6N + 12 x layers x heads x head_dim x "
             "sequence per token.\n",
             markdown_table(["variant", "micro-batch groups", "checkpointing", "tokens/s", "first step s", "peak MiB",

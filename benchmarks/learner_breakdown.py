@@ -162,7 +162,7 @@ def use_options(core, name: str) -> None:
 def run() -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from benchmarks.gpu_sections import PAD, QWEN3_0_6B, Shape, synthetic_groups
+    from benchmarks.gpu_setup import PAD, QWEN3_0_6B, Shape, synthetic_groups
     from swarm.training import LearnerCore
 
     device = torch.device("cpu")

@@ -135,7 +135,7 @@ def model_config(shape: str):
     """The transformers config of `shape`: "midsize" (swarm/model/midsize.py) or "qwen3_0_6b" (Qwen3-0.6B's)."""
     from transformers import AutoConfig, Qwen3Config
 
-    from benchmarks.gpu_sections import QWEN3_0_6B
+    from benchmarks.gpu_setup import QWEN3_0_6B
     from swarm.model.midsize import midsize_model_dir
 
     return AutoConfig.from_pretrained(str(midsize_model_dir())) if shape == "midsize" else Qwen3Config(**QWEN3_0_6B)

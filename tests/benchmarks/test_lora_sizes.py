@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config
 
-from benchmarks.gpu_sections import QWEN3_0_6B, TINY
+from benchmarks.gpu_setup import QWEN3_0_6B, TINY
 from benchmarks.lora import TARGET_SETS, arithmetic_adapter_elements, largest_rank_within
 from swarm.lora import wrap_lora
 
