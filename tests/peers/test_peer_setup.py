@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from peers.learner import check_run_dir
+from peers.learner_setup import check_run_dir
 from swarm.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state, save_checkpoint
 from swarm.config import LearnerConfig, SamplerConfig, read_config_file, resolve, write_config
 from swarm.fabric.rollouts.bans import PeerBans

@@ -2,7 +2,7 @@
 
 import torch
 
-from peers.learner import publish_isolation
+from peers.learner_setup import publish_isolation
 from swarm.config import LearnerConfig
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from peers.learner import check_run_dir
+from peers.learner_setup import check_run_dir
 from swarm.checkpoint import load_verified, save_checkpoint
 from swarm.config import LearnerConfig
 from swarm.fabric.weights.delta import state_hash
