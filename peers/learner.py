@@ -182,6 +182,9 @@ class Learner(Peer):
         if not team.catch_up(max(60.0, 2 * config.averaging_timeout_s), beat_s=fabric.heartbeat_s, beat=self._joining_beat):
             raise JoinError(f"no learner of run '{config.run_id}' served its state; check that the run owner's learner "
                             "is running and reachable through --peers, and that --certificate was issued for this run")
+        # again before the first step: a learner that joined before the owner's first announcement was
+        # checked against nothing, and the state it downloaded does not say which base it was trained over
+        self._check_run_adapter(fabric.latest_announced([team.owner]))
 
     def _joining_beat(self) -> None:
         self.fabric.heartbeat(Heartbeat(role="learner", model=self.config.model, version=self.core.version,
