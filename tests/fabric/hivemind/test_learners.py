@@ -326,6 +326,10 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
                               learner_key("second-id"), "--run-id", "swarm", "--out", str(cert)],
                              capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 0, out.stderr
+        # and a third's, which joins late (made now: the late joiner then starts the moment the second dies)
+        cert3 = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
+                                learner_key("third-id"), "--run-id", "swarm"], capture_output=True, text=True, env=env,
+                               timeout=60).stdout.strip()
         spawn("second", "learner", "--peers", addr, "--run-dir", str(tmp_path / "second"), "--identity-dir",
               str(tmp_path / "second-id"), "--certificate", str(cert), *learner_args)
         second = ready("second")
@@ -337,7 +341,6 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
                                  stranger_key, "--run-id", "swarm"], capture_output=True, text=True, env=env, timeout=60)
         spawn("stranger", "learner", "--peers", addr, "--run-dir", str(tmp_path / "stranger"), "--identity-dir",
               str(tmp_path / "stranger-id"), "--certificate", forged.stdout.strip(), *learner_args)
-        stranger = ready("stranger")
 
         # together: the same weights at every version both published, gradients from both
         wait_for(lambda: (same_weights("owner", "second", 2) is not None
@@ -352,6 +355,7 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         # samplers spread their rounds over both (the second only once they have read its announcement:
         # on a loaded machine that can come after the first rounds together)
         wait_for(lambda: {second["peer_id"], owner["peer_id"]} <= sent_to(), 240, "samplers sending to both learners")
+        stranger = ready("stranger")  # (started up meanwhile)
         assert stranger["peer_id"] not in sent_to()
         assert all(r.get("learners", 1.0) <= 2.0 for name in ("owner", "second") for r in steps(name).values())
 
@@ -361,27 +365,27 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         # nothing of it lingers: its DHT process, p2pd and averager process follow it
         wait_for(lambda: not left_of("second"), 20, "the killed learner's processes gone")
         killed_at = max(steps("owner"))
-        wait_for(lambda: max(steps("owner")) >= killed_at + 2, 300, "the owner stepping on after the kill")
-        versions = sorted(steps("owner"))
-        assert versions == list(range(versions[0], versions[-1] + 1))  # every version once, in order
-        assert steps("owner")[versions[-1]].get("learners", 1.0) == 1.0
-
-        # a third learner joins late and matches the owner
-        cert3 = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
-                                learner_key("third-id"), "--run-id", "swarm"], capture_output=True, text=True, env=env,
-                               timeout=60).stdout.strip()
+        # a third learner joins late (starting while the owner waits out its round with the dead one)
         spawn("third", "learner", "--peers", addr, "--run-dir", str(tmp_path / "third"), "--identity-dir",
               str(tmp_path / "third-id"), "--certificate", cert3, *learner_args)
+        wait_for(lambda: max(steps("owner")) >= killed_at + 2, 300, "the owner stepping on after the kill")
+        owner_steps = steps("owner")
+        versions = sorted(owner_steps)
+        assert versions == list(range(versions[0], versions[-1] + 1))  # every version once, in order
+        assert any(owner_steps[v].get("learners", 1.0) == 1.0 for v in versions if v > killed_at)  # alone
+
+        # the third downloads the owner's state (nobody else holds it now) and matches the owner
         ready("third")
         joined = read_jsonl(tmp_path / "third" / "events.jsonl")
-        assert any(e["event"] == "state_downloaded" and e["version"] > killed_at for e in joined), joined[:5]
+        assert any(e["event"] == "state_downloaded" and e["version"] >= killed_at for e in joined), joined[:5]
         wait_for(lambda: same_weights("owner", "third", 2) is not None, 300, "the late learner stepping with the owner")
         assert same_weights("owner", "third", 2) == []
         assert not (tmp_path / "stranger" / "steps.jsonl").exists() or all(
             r.get("learners", 1.0) == 1.0 for r in steps("stranger").values())  # nobody averaged with it
+        # the owner stops first, finishing the round it is in with the third: stopped together, the
+        # one still averaging would wait out its round's timeout for the one that left
         for name in ("owner", "third"):
             procs[name].send_signal(signal.SIGTERM)
-        for name in ("owner", "third"):
             assert procs[name].wait(timeout=120) == 0, tail()
         assert json.loads((tmp_path / "owner" / "published.json").read_text())["version"] == max(steps("owner"))
     finally:
