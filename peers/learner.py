@@ -275,7 +275,8 @@ class Learner(Peer):
         self.publish(now=True)
         # announcements and the membership record on their own schedule: a step longer than a record's
         # life (any real LLM's) no longer takes the learner out of the listing
-        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="learner-heartbeat"))
+        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="learner-heartbeat",
+                                     farewell=lambda: self.heartbeat(leaving=True)))
         self.reporter = self.hold(Reporter(self.run_dir, config.report_to, config=config.model_dump(mode="json")))
         self.steps = self.hold(StepLog(self.run_dir, on_write=self.reporter.step))
         self.last_step = time.time()
@@ -453,9 +454,9 @@ class Learner(Peer):
         else:
             self.pulse.poke()  # announce from the heartbeat thread: a slow swarm never holds up training
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, leaving: bool = False) -> None:
         """Announces the newest version and refreshes this learner's membership record (from the
-        pulse's thread, on its own schedule)."""
+        pulse's thread, on its own schedule; `leaving`: the last one, as it stops)."""
         store, fabric = self.store, self.fabric
         with store.lock:
             version = store.latest
@@ -466,10 +467,10 @@ class Learner(Peer):
                                    rollouts=self.totals["used"], tokens_per_s=self.totals["tokens_per_s"], holds=holds,
                                    certificate=getattr(fabric, "certificate", ""), heartbeat_s=fabric.heartbeat_s,
                                    step_s=statistics.median(list(self.step_times)) if self.step_times else 0.0,
-                                   since_step_s=time.time() - self.last_step))
-        if self.team is not None:
+                                   since_step_s=time.time() - self.last_step, leaving=leaving))
+        if self.team is not None and not leaving:
             self.team.refresh(start=False)  # lets new learners in; the training loop starts averaging
-        if self.pulse is not None and store.snapshot_due(version):
+        if self.pulse is not None and not leaving and store.snapshot_due(version):
             store.chunk_specs(version)  # the snapshot's, for new samplers: announced at the next beat, at once
             self.pulse.poke()
 
@@ -478,10 +479,11 @@ class Learner(Peer):
         more, marked as the run's end and signed like every announcement, so that samplers leave
         rather than retry a learner that is gone. (A stop by Ctrl-C or SIGTERM is not an end: the
         learner may be resumed, and its samplers wait for it.)"""
+        self.pulse.farewell = None  # the last word is said here, where a failure is reported
         self.pulse.close()  # no beat of its own in between: the last word is the end
         self.ended = True
         try:
-            self.heartbeat()
+            self.heartbeat(leaving=True)
         except Exception as exc:  # noqa: BLE001  fault-tolerance boundary: the run has ended all the same
             self.echo(f"warning: could not announce the end of the run ({type(exc).__name__}: {exc}); its samplers keep "
                       "retrying until they are stopped")

@@ -158,7 +158,8 @@ class Sampler(Peer):
         # what the heartbeat says (the generation loop and the follower update it; the pulse reads it)
         self.status = {"version": 0, "sent": 0, "tokens_per_s": 0.0, "fetch": None}
         self.refusals = Refusals()  # for its record: `swarm status` flags a sampler whose groups are all refused
-        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="sampler-heartbeat"))
+        self.pulse = self.hold(Pulse(self.heartbeat, self.fabric.heartbeat_s, name="sampler-heartbeat",
+                                     farewell=lambda: self.heartbeat(leaving=True)))
         # no weight payload may be larger than this model's weights could be
         max_payload = payload_limit(self.backend.model.state_dict() if config.backend == "transformers" else None)
         self.follower = self.hold(VersionFollower(self.fabric, self.store, self.keys, self.delay,
@@ -167,8 +168,9 @@ class Sampler(Peer):
 
     # -- heartbeat --------------------------------------------------------------------------------
 
-    def heartbeat(self) -> None:
-        """Its membership record: version, throughput, refusals, and the versions it can relay."""
+    def heartbeat(self, leaving: bool = False) -> None:
+        """Its membership record: version, throughput, refusals, and the versions it can relay
+        (`leaving`: the last one, as it stops)."""
         fabric, status, refusals = self.fabric, self.status, self.refusals
         last = status["fetch"]
         with self.store.lock:  # a peer nobody can dial offers nothing to relay: every try would fail
@@ -176,7 +178,7 @@ class Sampler(Peer):
         fabric.heartbeat(Heartbeat(role="sampler", model=self.config.model, version=status["version"], rollouts=status["sent"],
                                    tokens_per_s=status["tokens_per_s"], holds=holds, relay=fabric.dialable,
                                    heartbeat_s=fabric.heartbeat_s, refused=refusals.total, refused_in_a_row=refusals.in_a_row,
-                                   refusal=refusals.last,
+                                   refusal=refusals.last, leaving=leaving,
                                    **(last.heartbeat_fields() if last else {})))
 
     def _fetched(self, result) -> None:

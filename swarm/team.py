@@ -142,7 +142,8 @@ class LearnerTeam:
         if self.group is None or not self.others():
             return AveragingOutcome(None, metrics={"learners": 1.0})
         ours = self.weights_hash()
-        result = self.group.average(grads, rows, version, ours, self.averaging_timeout_s)
+        result = self.group.average(grads, rows, version, ours, self.averaging_timeout_s,
+                                    others_present=lambda: bool(self.others()))
         self.stats["rounds"] += 1
         outcome = round_outcome(result, version, ours)
         if len(result.members) == 1:

@@ -111,10 +111,15 @@ def test_lora_learners_average_the_adapter_alone_and_refuse_another_rank(tmp_pat
         assert [e["elements"] for n in ("owner", "second") for e in events(n, "learner_group")][:2] == [adapter_elements] * 2
         common = sorted(set(published("owner")) & set(published("second")))
         assert all(published("owner")[v] == published("second")[v] for v in common), common
+        stopping = time.time()
         for name in ("owner", "second"):
             procs[name].send_signal(signal.SIGTERM)
         for name in ("owner", "second"):
             assert procs[name].wait(timeout=120) == 0, tail(name)
+        # stopped together: one still looking for its group reads the other's leaving record and
+        # steps alone, rather than waiting out the round's 20 s for a learner that has gone
+        alone = [e for n in ("owner", "second") for e in events(n, "averaging_alone") if e["time"] > stopping]
+        assert all("every other learner left" in e["reason"] for e in alone), alone
     finally:
         for proc in procs.values():  # each with its DHT process and p2p daemon
             if proc.poll() is None:

@@ -419,6 +419,8 @@ def members_from(listed: list[dict]) -> list:
     for item in listed:
         try:
             record = MemberRecord.parse_obj(item["record"])
+            if record.leaving:  # gone, though its record has not expired yet
+                continue
             found.append(Member(record=record, expires_at=float(item["expires_at"]), owner=_bytes(item, "owner")))
         except Exception:  # noqa: BLE001  a malformed entry from a registry is not ours to crash on
             continue

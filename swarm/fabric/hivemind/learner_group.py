@@ -29,6 +29,7 @@ What is built around it, and why:
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -38,6 +39,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllreduceException
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.compression import deserialize_tensor_stream
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
@@ -56,6 +58,36 @@ FIXED_POINT_LIMIT = float(2 ** 43)
 MAX_MEMBERS = 64
 # in the error of a round whose all-reduce came back incomplete (see GuardedAverager._run_allreduce_inplace_)
 PARTIAL_ROUND = "incomplete all-reduce"
+# while a round looks for its group, whether other learners are still present is asked this often;
+# absent at this many asks in a row (one DHT read coming back empty is not enough), the round ends
+PRESENCE_POLL_S = 1.0
+ABSENT_POLLS = 2
+
+
+class NobodyLeft(Exception):
+    """Every other learner left while this one looked for a group (their last records said so)."""
+
+
+def await_round(control: StepControl, timeout_s: float, others_present: Callable[[], bool] | None) -> Any:
+    """The round's result within `timeout_s`; while it still looks for a group, NobodyLeft once
+    `others_present()` has said no ABSENT_POLLS times in a row (a learner that stops says it is
+    leaving: the one left behind would otherwise wait out the whole timeout for it). A round whose
+    all-reduce is under way is left to hivemind's own timeouts."""
+    end, absent = time.time() + timeout_s, 0
+    while True:
+        left = end - time.time()
+        try:
+            return control.result(timeout=max(0.0, min(PRESENCE_POLL_S, left)))
+        except concurrent.futures.TimeoutError:  # (not the builtin TimeoutError before Python 3.11)
+            if control.done() or left <= PRESENCE_POLL_S or others_present is None:
+                raise
+        if control.stage in (AveragingStage.IDLE, AveragingStage.LOOKING_FOR_GROUP):
+            try:
+                absent = 0 if others_present() else absent + 1
+            except Exception:  # noqa: BLE001  a failed read says nothing about who is there
+                absent = 0
+            if absent >= ABSENT_POLLS:
+                raise NobodyLeft("every other learner left the run")
 
 
 def to_fixed_point(grads: Sequence[torch.Tensor | None], shapes: Sequence[torch.Size], rows: int) -> tuple[torch.Tensor, int]:
@@ -279,9 +311,10 @@ class LearnerGroup:
         self.averager.state_sharing_priority = float(version)
 
     def average(self, grads: Sequence[torch.Tensor | None], rows: int, version: int, weights_hash: str,
-                timeout_s: float) -> RoundResult:
+                timeout_s: float, others_present: Callable[[], bool] | None = None) -> RoundResult:
         """One round with whichever authorised learners are averaging now. `rows` 0 contributes nothing
-        (a learner with no groups, or a non-finite gradient) but still takes the group's step."""
+        (a learner with no groups, or a non-finite gradient) but still takes the group's step. With
+        `others_present`, a round still looking for its group ends when nobody else is left."""
         started = time.time()
         fixed, clamped = to_fixed_point(grads, self.shapes, rows)
         if clamped:
@@ -302,11 +335,13 @@ class LearnerGroup:
                 control = self.averager.step(gather=dict(version=version, hash=weights_hash, rows=rows), weight=1.0,
                                              timeout=remaining, allow_retries=False, wait=False)
                 try:  # hivemind's timeout bounds finding a group, not a round that then stalls: bound both
-                    gathered = control.result(timeout=remaining + self.allreduce_timeout_s)
+                    gathered = await_round(control, remaining + self.allreduce_timeout_s, others_present)
                 except Exception as exc:  # noqa: BLE001 - hivemind raises many kinds; all mean "no round"
                     control.cancel()
                     error = f"{type(exc).__name__}: {exc}"
                     partial = partial or (error if PARTIAL_ROUND in error else "")
+                    if isinstance(exc, NobodyLeft):
+                        break
                 if gathered or deadline - time.time() <= fits:
                     break
             if not gathered:

@@ -138,6 +138,8 @@ def _members(entries: Iterable) -> list[Member]:
             record = MemberRecord.parse_obj(value)
         except Exception:  # noqa: BLE001  a record another version wrote: skip it
             continue
+        if record.leaving:  # gone, though its record has not expired yet
+            continue
         members.append(Member(record=record, expires_at=expires_at, owner=subkey))
     return members
 

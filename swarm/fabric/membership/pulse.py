@@ -5,7 +5,8 @@ between units of work (a sampler after a send, a learner between steps) vanishes
 listing whenever one unit takes longer than that: every round of a real LLM, every wait for a
 first version or for a restarting learner. `Pulse` beats from a thread of its own, every
 `interval_s` and at once when poked (a new version published or fetched, so relaying peers learn
-of it without waiting a whole interval).
+of it without waiting a whole interval). Closed, it beats once more with `farewell` (the record
+that says the peer is leaving) after the last regular beat, which could otherwise overwrite it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ class Pulse:
     """Calls `beat()` every `interval_s` seconds, and at once on `poke()`, until closed. A failed beat
     (the swarm unreachable for a moment) is logged and the next one is tried on schedule."""
 
-    def __init__(self, beat: Callable[[], object], interval_s: float, *, name: str = "heartbeat") -> None:
+    def __init__(self, beat: Callable[[], object], interval_s: float, *, name: str = "heartbeat",
+                 farewell: Callable[[], object] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"a heartbeat interval must be > 0 seconds, got {interval_s}")
-        self.beat, self.interval_s = beat, interval_s
+        self.beat, self.interval_s, self.farewell = beat, interval_s, farewell
         self.beats = self.failures = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -47,6 +49,13 @@ class Pulse:
             self._wake.wait(self.interval_s)
 
     def close(self) -> None:
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=30)
+        if self.farewell is not None and not self._thread.is_alive():
+            try:
+                self.farewell()
+            except Exception as exc:  # noqa: BLE001  a peer leaving unheard is dropped when its record expires
+                logger.warning("the leaving record could not be written: %s: %s", type(exc).__name__, exc)

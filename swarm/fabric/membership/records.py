@@ -101,6 +101,10 @@ class MemberRecord(BaseModel):
     # the seconds since its last step (or since it started, before the first), at `time`
     step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
     since_step_s: confloat(ge=0, le=MAX_SECONDS, strict=True) = 0.0
+    # its last record, written as it shuts down: listings leave it out at once rather than when
+    # the record expires (a learner's team would otherwise wait out a round for it, samplers
+    # would ask it for chunks)
+    leaving: StrictBool = False
 
 
 # A peer id a record may name, where it is read to be dialled (a fetch's holders, a chain's
@@ -180,6 +184,7 @@ class Heartbeat:
     refusal: str = ""
     step_s: float = 0.0  # a learner: usual seconds between steps (0: none yet), seconds since the last one
     since_step_s: float = 0.0
+    leaving: bool = False  # its last record, as it shuts down
 
     def record(self, peer_id: str, now: float) -> "MemberRecord":
         fields = asdict(self)
@@ -188,7 +193,7 @@ class Heartbeat:
         fields.update(model=self.model[:256], version=int(self.version), rollouts=int(self.rollouts), relay=bool(self.relay),
                       tokens_per_s=float(self.tokens_per_s), holds=[int(v) for v in sorted(self.holds)[-MAX_HOLDS_LISTED:]],
                       fetch_version=int(self.fetch_version), fetch_from=self.fetch_from[:128],
-                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s),
+                      fetch_bytes=int(self.fetch_bytes), fetch_s=float(self.fetch_s), leaving=bool(self.leaving),
                       fetch_transfer_s=min(max(float(self.fetch_transfer_s), 0.0), MAX_SECONDS))
         return MemberRecord(peer_id=peer_id, software=__version__, time=float(now), **fields)
 

@@ -4,6 +4,7 @@ that makes every learner take the same step."""
 
 import contextlib
 import threading
+import time
 
 import pytest
 import torch
@@ -175,6 +176,21 @@ def test_authorised_learners_average_to_identical_bits_and_a_stranger_is_kept_ou
     assert stranger.download_state([a.peer_id], timeout_s=5) is None
     got = b.download_state([a.peer_id], timeout_s=10)
     assert got is not None and got[1] == {"version": 1} and torch.equal(got[2][0], torch.ones(2))
+
+
+def test_a_round_ends_early_when_the_others_have_left():
+    """A learner looking for its group stops looking once every other learner says it is leaving
+    (peers/learner.py writes that record as it stops), instead of waiting out the round's timeout."""
+    with learner_groups([None] * 2) as (groups, params):
+        a, b = groups
+        a.allow([a.peer_id, b.peer_id])  # b is allowed but never averages: it has left
+        asked = []
+        started = time.time()
+        result = a.average([torch.ones_like(p) for p in params], 2, 0, "h" * 64, 30.0,
+                           others_present=lambda: asked.append(time.time()) or False)
+        took = time.time() - started
+    assert result.grads is None and len(result.members) == 1 and "every other learner left" in result.error, result
+    assert len(asked) >= 2 and took < 15.0, (len(asked), took)  # not the 30 s timeout
 
 
 def test_a_member_out_of_step_is_told_so_and_the_others_go_on(averagers):
@@ -382,11 +398,16 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         assert same_weights("owner", "third", 2) == []
         assert not (tmp_path / "stranger" / "steps.jsonl").exists() or all(
             r.get("learners", 1.0) == 1.0 for r in steps("stranger").values())  # nobody averaged with it
-        # the owner stops first, finishing the round it is in with the third: stopped together, the
-        # one still averaging would wait out its round's timeout for the one that left
+        # stopped together: one still looking for its group reads the other's leaving record and
+        # steps alone, rather than waiting out its round's 20 s for a learner that has gone
+        stopping = time.time()
         for name in ("owner", "third"):
             procs[name].send_signal(signal.SIGTERM)
+        for name in ("owner", "third"):
             assert procs[name].wait(timeout=120) == 0, tail()
+        alone = [e for name in ("owner", "third") for e in read_jsonl(tmp_path / name / "events.jsonl")
+                 if e["event"] == "averaging_alone" and e["time"] > stopping]
+        assert all("every other learner left" in e["reason"] for e in alone), alone
         assert json.loads((tmp_path / "owner" / "published.json").read_text())["version"] == max(steps("owner"))
     finally:
         for proc in procs.values():

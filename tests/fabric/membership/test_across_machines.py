@@ -70,7 +70,8 @@ def test_a_pulse_beats_on_its_own_schedule_and_at_once_when_poked():
         if error:
             raise error  # a failed beat must not end the pulse
 
-    pulse = Pulse(beat, 0.2)
+    farewells: list[float] = []
+    pulse = Pulse(beat, 0.2, farewell=lambda: farewells.append(time.monotonic()))
     try:
         time.sleep(0.7)
         beats = len(times)
@@ -81,6 +82,9 @@ def test_a_pulse_beats_on_its_own_schedule_and_at_once_when_poked():
     finally:
         pulse.close()
     assert pulse.failures == 1
+    # closed: the leaving record once, after the last beat (which would overwrite it), and never again
+    pulse.close()
+    assert len(farewells) == 1 and farewells[0] > times[-1]
 
 
 def test_a_delta_chain_is_sent_only_when_smaller_than_a_snapshot():

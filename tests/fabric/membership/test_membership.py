@@ -28,6 +28,10 @@ def test_records_are_listed_and_expire_after_a_peer_stops(make_fabric):
         b.heartbeat(Heartbeat(role="learner", model="embedded", version=6))
         time.sleep(1.0)
     assert listed() == {("learner", 6, b.peer_id)}
+    # b stops: its last record says it is leaving, and it is left out at once (its record has not
+    # expired: that would take a few heartbeats)
+    assert b.heartbeat(Heartbeat(role="learner", model="embedded", version=6, leaving=True))
+    wait_until(lambda: not listed(), 3, "b left out once it says it is leaving", every=0.1, logs=lambda: f"listed: {listed()}")
 
 
 def record(peer_id, **changes):
