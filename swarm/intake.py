@@ -86,10 +86,11 @@ class GroupIntake:
         and accepted, up to `limit` (the rest wait on); those too stale or too old by now are dropped
         (nobody's fault: their versions took long to rebuild), as are those whose version could not
         be rebuilt (a bug, said in the log; not the sender's fault either)."""
-        accepted, waiting = [], []
+        accepted, waiting, given_up = [], [], set()
         for group in self.deferred:
             if learner_version - group.version > self.max_staleness or time.time() - group.created_at > self.max_age_s:
                 self.dropped["stale before its version was rebuilt"] += 1
+                given_up.add(group.version)
                 continue
             if limit is not None and len(accepted) >= limit:
                 waiting.append(group)
@@ -109,6 +110,8 @@ class GroupIntake:
                 accepted.append(group)
             waiting = self.deferred
         self.deferred = waiting
+        for version in given_up - {group.version for group in waiting}:
+            self.verifier.release(version)  # rebuilt for nobody: its room goes to the versions still waited for
         return accepted
 
     def _defer(self, group: RolloutGroup) -> None:

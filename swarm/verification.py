@@ -182,6 +182,12 @@ class LogprobVerifier:
         self.states.now(version)
         return False
 
+    def release(self, version: int) -> None:
+        """No group waits for `version` any more: its rebuild is not needed (HeldStates.release)."""
+        release = getattr(self.states, "release", None)
+        if release is not None:
+            release(version)
+
     def convicts(self, sender: str, refused: bool) -> bool:
         """Records a checked group of `sender`'s (refused: over the tolerance); True when that makes
         it a liar to ban."""

@@ -246,8 +246,11 @@ def test_a_group_at_a_version_rebuilt_in_the_background_is_deferred_then_checked
         store._cache.clear()
         store.behind.forget(3)
         assert not intake.accept(fresh[2], learner_version=10) and intake.deferred == [fresh[2]]
+        assert store.behind.busy() or store.behind.held()  # version 3 asked for again, behind
         assert intake.resume(12) == [] and intake.dropped["stale before its version was rebuilt"] == 1
         assert not intake.deferred and penalties == []
+        # nobody waits for version 3 now: neither its rebuild nor a copy of it is kept for a reader
+        assert not store.behind.busy() and store.behind.held() == 0
     finally:
         intake.close()
         deadline = time.monotonic() + 60

@@ -11,7 +11,9 @@ Requests are served newest first, and the version built last is kept as the base
 older one (the rebuild path): the versions a batch of deferred groups asks for cost one pass down
 the chain between them, not one chain each from the newest. What is built is kept until a reader
 has taken it, or for HOLD_S when none comes back, so that a reader is never left asking for a
-version rebuilt and dropped again; `keep` of them at most, each a whole state.
+version rebuilt and dropped again; `keep` of them at most, each a whole state. A version whose
+readers gave up (the groups deferred for it dropped as too stale) is forgotten at once
+(VersionStore.release), its room going to the versions still waited for.
 """
 
 from __future__ import annotations

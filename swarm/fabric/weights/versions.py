@@ -151,6 +151,10 @@ class HeldStates(Mapping):
         """Whether `now(version)` would return at once (or the version is not held: nothing to wait for)."""
         return self._store.available_now(version)
 
+    def release(self, version: int) -> None:
+        """No reader is coming back for `version`: VersionStore.release."""
+        self._store.release(version)
+
     def __iter__(self) -> Iterator[int]:
         with self._store.lock:
             return iter(list(self._store.hashes))
@@ -356,6 +360,12 @@ class VersionStore:
             return self.state(version)
         self.behind.request(version)
         return None
+
+    def release(self, version: int) -> None:
+        """No reader is coming back for held `version` (the groups deferred for it were dropped): its
+        background rebuild is no longer asked for, and a rebuilt copy nobody read is dropped, rather
+        than holding the rebuilding thread's room for HOLD_S while other versions wait."""
+        self.behind.forget(version)
 
     def _rebuild(self, version: int, extra: tuple[int, dict] | None = None, *, where: str = "inline") -> dict[str, torch.Tensor]:
         """Held `version` rebuilt from the nearest newer state (`_chain_to`), its hash checked; not

@@ -64,6 +64,25 @@ def test_a_batch_of_old_versions_costs_one_pass_down_the_chain_and_each_waits_fo
     assert store.undo_applied["inline"] == 0
 
 
+def test_a_rebuilt_version_released_unread_makes_room_for_the_next_at_once():
+    """A version rebuilt for groups that were then dropped (too stale by the time it was ready) would
+    hold the rebuilder's one room for HOLD_S (120 s) while other versions wait; released, the next
+    version is built at once."""
+    from swarm.fabric.weights.background_rebuilds import HOLD_S
+
+    store, hashes = held_store(14, inline_undo=1, seed=3)
+    assert store.state_now(9) is None
+    wait_until(lambda: store.available_now(9))  # built, and nobody reads it
+    assert store.state_now(5) is None  # waits for the room 9 holds
+    time.sleep(0.5)
+    assert not store.available_now(5) and store.behind.held() == 1
+    store.release(9)
+    wait_until(lambda: store.available_now(5), timeout_s=HOLD_S / 4)
+    state = store.state_now(5)
+    assert state is not None and state_hash(state) == hashes[5]
+    assert not store.available_now(9)  # its copy is gone: 4 undo deltas from the newest again
+
+
 def test_a_server_answers_busy_for_an_old_version_being_rebuilt_then_serves_its_snapshot(make_fabric):
     learner_fabric, receiver_fabric = make_fabric(), make_fabric()
     store, hashes = held_store(10, inline_undo=1, seed=4)
