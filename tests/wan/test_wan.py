@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -86,10 +87,12 @@ def test_readme_commands_work_across_machines_as_written(tmp_path, transport):
             wait_for(lambda: len(steps_of(learner.run_dir)) >= 2, 240, "two learner steps on the sampler's groups", swarm)
             wait_for(lambda: fetched(sampler.run_dir) and fetched(sampler.run_dir)[-1]["version"] >= 1, 60,
                      "the sampler fetching a trained version", swarm)
-            shown = d.run([*SWARM, *fill(status_cmd, transport, ADDR=addr)],
-                          timeout=60, cwd=swarm.home(d))
+            with ThreadPoolExecutor(2) as both:  # as written, and its --json to read; side by side
+                as_written = both.submit(d.run, [*SWARM, *fill(status_cmd, transport, ADDR=addr)], timeout=60,
+                                         cwd=swarm.home(d))
+                status = both.submit(status_json, swarm, d, addr, transport).result()
+                shown = as_written.result()
             assert shown.returncode == 0, shown.stderr[-2000:]
-            status = status_json(swarm, d, addr, transport)
         finally:
             swarm.stop_all()
     roles = sorted(p["role"] for p in status["peers"])
