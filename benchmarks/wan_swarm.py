@@ -16,7 +16,7 @@ from typing import Callable
 
 from benchmarks.waiting import wait_until
 from benchmarks.wan import Host, Wan
-from swarm.cli.launcher import Proc, stop_together
+from swarm.cli.launcher import Proc, stop_in_tiers
 from swarm.runlog import read_jsonl, read_ready, wait_ready
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -73,13 +73,7 @@ class WanSwarm:
         return found
 
     def stop_all(self, timeout: float = 30.0) -> None:
-        """Samplers first, then learners (they checkpoint), then bootstrap nodes; the peers of one
-        tier signalled together, sharing one wait (as LocalSwarm.stop_all)."""
-        tiers: dict[int, list[Proc]] = {}
-        for proc in self.procs:
-            tiers.setdefault({"learner": 1, "bootstrap": 2}.get(proc.name.split("-")[0], 0), []).append(proc)
-        for _, tier in sorted(tiers.items()):
-            stop_together(tier, timeout)
+        stop_in_tiers(self.procs, timeout)
 
     def processes(self) -> str:
         """Every process still in the harness's namespaces, for a failure message."""

@@ -127,14 +127,19 @@ class LocalSwarm:
         return proc.stop(timeout)
 
     def stop_all(self, timeout: float = 30.0) -> None:
-        """Samplers first (nothing more to send), then the learner (it checkpoints), then the rest.
-        The peers of one tier are signalled together and share one `timeout`, so stopping many
-        samplers on a loaded machine takes one wait, not one per sampler."""
-        tiers: dict[int, list[Proc]] = {}
-        for proc in self.procs:
-            tiers.setdefault({"learner": 1, "bootstrap": 2}.get(proc.name, 0), []).append(proc)
-        for _, tier in sorted(tiers.items()):
-            stop_together(tier, timeout)
+        stop_in_tiers(self.procs, timeout)
+
+
+def stop_in_tiers(procs: list[Proc], timeout: float) -> None:
+    """Samplers first (nothing more to send), then learners (they checkpoint), then the rest, each
+    peer's tier read from its name ("learner", "learner-2", "bootstrap", "sampler-0"). The peers of
+    one tier are signalled together and share one `timeout`, so stopping many samplers on a loaded
+    machine takes one wait, not one per sampler."""
+    tiers: dict[int, list[Proc]] = {}
+    for proc in procs:
+        tiers.setdefault({"learner": 1, "bootstrap": 2}.get(proc.name.split("-")[0], 0), []).append(proc)
+    for _, tier in sorted(tiers.items()):
+        stop_together(tier, timeout)
 
 
 def stop_together(procs: list[Proc], timeout: float) -> None:
