@@ -19,8 +19,9 @@ fetches its own stripe from whole holders and every other chunk from the peer wh
 which passes it on as its bytes arrive, round by round and each round from the owner after it on
 (`turn`), so that no owner is asked by every peer at once: two hops whatever the number of peers,
 but each owner's uplink and downlink carry n-1 flows at once, which share them less evenly (8
-samplers at 50 Mbit/s: links about 60% full, against 68% along a chain in the same hour). Either way the learner
-uploads about one copy however many peers fetch.
+samplers at 50 Mbit/s: links about 60% full, against 68% along a chain in the same hour). An owner
+far slower than the others has its stripe taken from whole holders (swarm.fabric.weights.owner_pace).
+Either way the learner uploads about one copy however many peers fetch.
 
 Who shares a payload: swarm.fabric.weights.sharer_view (for a delta, named by the learner in its
 signed announcement, so that every sampler makes the same chain or stripes without a lookup).
@@ -60,6 +61,7 @@ from typing import Callable
 from swarm.fabric.membership.records import dialable_peer_id
 from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected, answer_limit
 from swarm.fabric.weights.delta import CorruptVersion
+from swarm.fabric.weights.owner_pace import OwnerPace, PassingOwnersOver, PieceTiming
 from swarm.fabric.weights.source_judging import SourceJudging
 from swarm.fabric.weights.upload_slots import HolderBusy
 from swarm.fabric.weights.upstream_pace import PassingOver, UpstreamPace
@@ -112,7 +114,7 @@ class ChunkSources:
     avoid: frozenset[str] = frozenset()
 
 
-class ChunkedFetch(PassingOver, SourceJudging):
+class ChunkedFetch(PassingOver, PassingOwnersOver, SourceJudging):
     """Fetches `spec`'s payload into a Partial registered in `book` (served to others as it fills)."""
 
     def __init__(self, client, book: ChunkBook, spec: ChunkSpec, sources: ChunkSources, me: str, *,
@@ -147,6 +149,8 @@ class ChunkedFetch(PassingOver, SourceJudging):
         self._asking: set[tuple[int, str]] = set()  # (chunk, sharer) of the requests to sharers in flight
         self.pace = UpstreamPace()  # how fast a chain's upstream passes chunks on
         self.passed_over: set[str] = set()  # upstreams passed over for being far slower than the peer before them
+        self.owner_pace = OwnerPace()  # how fast each stripe's owner delivers
+        self.slow_owners: set[str] = set()  # owners whose stripes come from whole holders, for being far slower than the others
         self._workers: list[threading.Thread] = []
         self._surplus = 0  # workers started for a passed-over upstream's chunks, to retire once through
         self.adopted = 0  # chunks fetched from whole holders because another peer asked for them
@@ -164,6 +168,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
         # the owner this peer asks first in each round (turn): the one after it, or any when it does not share
         self._first_owner = self._position + 1 if self.relays else self.rng.randrange(len(self.sharers) or 1)
         self.partial: Partial | None = None
+        self.finished = False  # the fetch has returned: requests still out end unheard
 
     def owner(self, index: int) -> str | None:
         """The sharer to ask for chunk `index` (this peer: from whole holders; None: no sharers)."""
@@ -203,10 +208,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
         try:
             for whole in [True] * self.whole_workers + [False] * SHARED_WORKERS:
                 self._start_worker(whole)
-            joined = 0
-            while joined < len(self._workers):  # (a passed-over upstream adds workers meanwhile)
-                self._workers[joined].join(max(0.0, self.deadline - time.monotonic()) + 5)
-                joined += 1
+            self._wait_for_workers()
             if not partial.complete:
                 raise ChunkedFetchFailed(f"{partial.missing} of {self.spec.count} chunks of {self.spec.kind} "
                                          f"{self.spec.version} could not be fetched (whole holders left: "
@@ -217,6 +219,19 @@ class ChunkedFetch(PassingOver, SourceJudging):
         except BaseException:
             self.book.end(partial)
             raise
+
+    def _wait_for_workers(self) -> None:
+        """Until the payload is complete, or every worker is through. A worker still in a request
+        then (to an upstream or an owner passed over for being slow, whose answer comes at its pace)
+        is left to end by itself: nothing it brings is needed, and nothing it meets is held against
+        anyone (`finished`). Joined, such requests held the four peers that had passed a slow owner
+        over until it delivered: 3.4 s, where their payloads were complete after 1.2 s."""
+        with self._cond:
+            while not self.partial.complete and time.monotonic() < self.deadline + 5:
+                if not any(worker.is_alive() for worker in self._workers):  # (passing over adds workers meanwhile)
+                    break
+                self._cond.wait(0.1)
+            self.finished = True
 
     def _start_worker(self, whole: bool) -> None:
         worker = threading.Thread(target=self._work, args=(whole,), daemon=True, name="chunk-fetch")
@@ -324,8 +339,9 @@ class ChunkedFetch(PassingOver, SourceJudging):
             else:
                 with self._cond:
                     self._asking.add((index, owner))
+                timing = None if self.chain else PieceTiming()
                 try:
-                    ok = self._try(owner, index, OWNER_WAIT_S) if owner not in self._dead else False
+                    ok = self._try(owner, index, OWNER_WAIT_S, heard=timing) if owner not in self._dead else False
                 finally:
                     with self._cond:
                         self._asking.discard((index, owner))
@@ -339,6 +355,8 @@ class ChunkedFetch(PassingOver, SourceJudging):
                 if ok and self.chain:
                     self.pace.arrived(owner, answer_limit(self.spec, index))
                     self._judge_upstream(owner)
+                elif ok:
+                    self._judge_owner(owner, timing)
             with self._cond:
                 if self._surplus > 0 and not whole:
                     self._surplus -= 1
@@ -354,9 +372,11 @@ class ChunkedFetch(PassingOver, SourceJudging):
             return any(self._try(peer, index, 0.0, force=peer in learner) is True for peer in learner + relays)
         return any(self._try(peer, index, 0.0, judged=peer not in learner) is True for peer in relays + learner)
 
-    def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False, judged: bool = False) -> bool | None:
+    def _try(self, peer: str, index: int, wait_s: float, *, force: bool = False, judged: bool = False,
+             heard: Callable[[bytes], None] | None = None) -> bool | None:
         """True: chunk `index` from `peer` is kept; None: `peer` was busy; False: it failed.
-        `judged`: `peer` is a source judged by its rate (SLOW_RATIO): too slow, it is struck."""
+        `judged`: `peer` is a source judged by its rate (SLOW_RATIO): too slow, it is struck.
+        `heard`: hears each piece of the chunk's bytes as they come (when they are not passed on)."""
         if not dialable_peer_id(peer):  # a holder named by a record or a redirect: data, never trusted
             self._unusable(peer, ValueError(f"{str(peer)[:64]!r} is not a peer id"))
             return False
@@ -364,7 +384,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
         limit = self._judge_deadline(size) if judged else None
         started = time.monotonic()
         try:
-            return self._try_once(peer, index, wait_s, force=force, limit=limit, started=started)
+            return self._try_once(peer, index, wait_s, force=force, limit=limit, started=started, heard=heard)
         except self.unreachable as exc:
             if limit is not None and time.monotonic() - started >= 0.9 * limit:
                 self._slow_source(peer, f"no chunk of {size} bytes in {limit:.2f}s ({type(exc).__name__})")
@@ -376,7 +396,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
             return False
 
     def _try_once(self, peer: str, index: int, wait_s: float, *, force: bool, limit: float | None,
-                  started: float) -> bool | None:
+                  started: float, heard: Callable[[bytes], None] | None) -> bool | None:
         # a relaying peer passes a chunk from a whole holder or its chain's upstream on while it
         # arrives (peers may be waiting for it here); one from a stripe's owner only once it is here:
         # two sharers that each take the other for its owner would otherwise each wait to pass on
@@ -384,7 +404,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
         passes_on = peer in self.whole or self.chain and peer == self.upstream()
         sink = self.partial.receiving(index) if self.relays and passes_on else None
         try:
-            data = self.client.piece(peer, self.spec, index, wait_s, force=force, relays=self.relays, sink=sink,
+            data = self.client.piece(peer, self.spec, index, wait_s, force=force, relays=self.relays, sink=sink if sink is not None else heard,
                                      timeout_s=limit)
             if not self._keep(peer, index, data):
                 return False
@@ -421,7 +441,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
             self._busy_in_a_row[peer] = 0
             self.received[peer] += len(data)
             self._progress = time.monotonic()
-        if self.on_chunk is not None:
+        if self.on_chunk is not None and not self.finished:
             self.on_chunk(len(data))
         return True
 
@@ -433,7 +453,7 @@ class ChunkedFetch(PassingOver, SourceJudging):
         with self._cond:
             self._failures[peer] += 1
             self._dead.add(peer)
-        if self.on_unreachable is not None:
+        if self.on_unreachable is not None and not self.finished:
             self.on_unreachable(peer, exc)
 
     def _redirected(self, holder: str, target: str, index: int) -> bool | None:
@@ -473,5 +493,5 @@ class ChunkedFetch(PassingOver, SourceJudging):
             self._failures[peer] += 1
             if self._failures[peer] >= (WHOLE_FAILURES if peer in self.whole else SHARER_FAILURES):
                 self._dead.add(peer)
-        if self.on_unreachable is not None:
+        if self.on_unreachable is not None and not self.finished:
             self.on_unreachable(peer, exc)

@@ -56,5 +56,5 @@ class SourceJudging:
         with self._cond:
             self.slow.add(peer)
             self._dead.add(peer)
-        if self.on_unreachable is not None:
+        if self.on_unreachable is not None and not self.finished:
             self.on_unreachable(peer, TimeoutError(f"too slow: {why}"))
