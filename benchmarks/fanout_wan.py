@@ -74,7 +74,7 @@ SLOW_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_MBIT", "0")) or None
 # GEPO_FANOUT_SLOW_UP_MBIT=R: the first sampler uploads at R Mbit/s and downloads at RATE_MBIT (a
 # home line: it fetches at full pace but holds up whoever fetches from it; results ..._slowup<R>mbit)
 SLOW_UP_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_UP_MBIT", "0")) or None
-# GEPO_FANOUT_SLOW_PLACE=K (with GEPO_FANOUT_SLOW_MBIT): the slow link is the sampler's at place K by
+# GEPO_FANOUT_SLOW_PLACE=K (with GEPO_FANOUT_SLOW_MBIT or _SLOW_UP_MBIT): the slow link is the sampler's at place K by
 # peer id (0 first: its place in a snapshot's chain), not the first one's: every link starts at
 # RATE_MBIT and that one is reshaped once the samplers' ids are known (results ..._place<K>)
 SLOW_PLACE = int(os.environ["GEPO_FANOUT_SLOW_PLACE"]) if os.environ.get("GEPO_FANOUT_SLOW_PLACE") else None
@@ -286,6 +286,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 slow_one = ids.index(sorted(ids)[min(SLOW_PLACE, receivers - 1)])
                 if slow_mbit:
                     wan.shape(f"r{slow_one}", slow_mbit)
+                elif slow_up_mbit:
+                    wan.shape(f"r{slow_one}", slow_up_mbit, download=False)
             row["slow_position"] = sorted(ids).index(ids[slow_one])  # its place by peer id (a snapshot's chain order)
             slow_dirs = dirs[slow_one:slow_one + 1]
             fast_dirs = dirs[:slow_one] + dirs[slow_one + 1:]

@@ -311,11 +311,13 @@ class Wan:
         host = self._hosts[name] = Host(self, name, ns, ip, ip)
         return host
 
-    def shape(self, name: str, rate_mbit: float) -> None:
-        """Reshapes host `name`'s link to `rate_mbit` both ways, while its peers run (a link that
-        turns slow after the peers joined: the benchmark picks which one once it knows their ids)."""
+    def shape(self, name: str, rate_mbit: float, *, download: bool = True) -> None:
+        """Reshapes host `name`'s link to `rate_mbit` both ways (`download` False: its upload alone),
+        while its peers run (a link that turns slow after the peers joined: the benchmark picks
+        which one once it knows their ids)."""
         _tbf(self._hosts[name].ns, "eth0", rate_mbit)  # upload
-        _tbf(self.core, self._public_ports[name], rate_mbit)  # download
+        if download:
+            _tbf(self.core, self._public_ports[name], rate_mbit)
 
     def public_traffic(self) -> dict[str, tuple[int, int]]:
         """(bytes uploaded, bytes downloaded) so far by every host and router on the internet, read

@@ -188,6 +188,24 @@ def test_an_unchecked_lying_group_moves_the_default_step_no_more_than_an_honest_
             assert liar_alone <= max(alone), (liar_alone, alone)
 
 
+@pytest.mark.parametrize("name", ["gepo", "grpo"])
+def test_in_an_importance_weighted_loss_an_unchecked_lie_turns_the_step_no_more_than_an_honest_group(policy, honest_groups, name):
+    """Issue 45's goal, "one lying group among 8 moves the step by no more than an honest group
+    does", for the losses whose cosine with the 7 honest groups' step stays under 0.9 (measured 0.75
+    GEPO, 0.67 GRPO): there the honest groups nearly cancel, and an honest eighth group turns the
+    step as far. How far a group turns the step: 1 - cosine of the 8 groups' step with the step of
+    the 7 others. The lying group (q e^3 below the truth, unchecked) turns it at most 1.1x as far as
+    the honest group that turns it most (measured 1.006x GRPO, 0.75x GEPO)."""
+    loss = LossConfig(name=name)
+    cosine = torch.nn.functional.cosine_similarity
+
+    def turn(groups, last):
+        return 1.0 - float(cosine(step_gradient(policy, groups + [last], loss), step_gradient(policy, groups, loss), dim=0))
+    honest = [turn([g for j, g in enumerate(honest_groups) if j != i], honest_groups[i]) for i in range(len(honest_groups))]
+    liar = turn(honest_groups[:7], lying(honest_groups[7], shift=-3.0))
+    assert liar <= 1.1 * max(honest), (liar, honest)
+
+
 def test_an_unchecked_lie_weighs_no_more_than_an_honest_group_in_an_importance_weighted_loss(policy, honest_groups):
     """GEPO divides by the claimed q: a q e^3 below the truth made the lying group's gradient 2.9x
     the largest honest group's; with q taken no smaller than p e^-2 (max_claimed_log_ratio) it is
