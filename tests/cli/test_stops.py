@@ -26,10 +26,13 @@ class Started:
     """A `swarm` command in its own session (as a terminal's foreground job is its own process
     group), its output in files; only what the test started is ever signalled or killed."""
 
-    def __init__(self, tmp_path, name: str, *args: str) -> None:
+    def __init__(self, tmp_path, name: str, *args: str, sigint_ignored: bool = False) -> None:
         self.out, self.err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+        # sigint_ignored: started as `&` in a script or nohup starts it, SIGINT ignored (Python keeps it so)
+        ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
         with self.out.open("w") as out, self.err.open("w") as err:
-            self.popen = subprocess.Popen([*SWARM, *args], stdout=out, stderr=err, env=ENV, start_new_session=True)
+            self.popen = subprocess.Popen([*SWARM, *args], stdout=out, stderr=err, env=ENV, start_new_session=True,
+                                          preexec_fn=ignore)
 
     def ctrl_c(self, timeout: float = 150) -> int:
         """SIGINT to the whole process group (the peer, its DHT process, p2pd, its reward worker); a peer
@@ -196,7 +199,10 @@ def test_ctrl_c_stops_a_bootstrap_node_status_watch_and_a_dashboard(tmp_path):
 
 
 def test_ctrl_c_stops_swarm_eval_while_it_scores(tmp_path):
-    evaluation = Started(tmp_path, "eval", "eval", "--eval-problems", "500", "--eval-samples", "16", "--no-greedy")
+    """Started with SIGINT ignored, as the suite itself was once (nohup): eval then scored to the end
+    and exited 0; it sets its own handler now."""
+    evaluation = Started(tmp_path, "eval", "eval", "--eval-problems", "500", "--eval-samples", "16", "--no-greedy",
+                         sigint_ignored=True)
     try:
         # scoring under way: its progress line counts scored problems (the reward worker, a process of
         # its own in the same process group, has scored some)
