@@ -154,6 +154,17 @@ def run() -> dict:
     size = snapshot_bytes(state)
     params = sum(t.numel() for t in state.values())
     rss_one = rss_bytes() - rss_start
+    import swarm.fabric.weights.versions as versions_module
+
+    trims: list[float] = []  # the store hands freed heap back after each add (swarm.heap): what that costs
+
+    def timed_trim(trim=versions_module.give_back_free_heap) -> bool:
+        started = time.perf_counter()
+        try:
+            return trim()
+        finally:
+            trims.append(time.perf_counter() - started)
+    versions_module.give_back_free_heap = timed_trim
     store = VersionStore(capacity=versions, whole_states=1, cached_states=1, delta_budget=0.5)  # as the learner's
     add_s, hashes = [], {}
     for version in range(versions):
@@ -199,6 +210,7 @@ def run() -> dict:
         "rss_held_over_snapshot": round(rss_held / size, 3), "rss_trimmed_bytes": rss_trimmed,
         "rss_trimmed_over_snapshot": round(rss_trimmed / size, 3), "rss_after_rebuilds_bytes": rss_peak,
         "add_seconds_median": round(sorted(add_s)[len(add_s) // 2], 2), "rebuild_seconds": timings,
+        "heap_trim_ms_median": round(1000 * sorted(trims)[len(trims) // 2], 2), "heap_trim_ms_max": round(1000 * max(trims), 2),
         "rebuild_oldest_undo_deltas": versions - 1,
         "reader_waits": waits, "verification_wait_oldest_before_s": timings["oldest"],
         "verification_wait_oldest_after_s": waits["worst_verification_wait_s"],
@@ -220,6 +232,8 @@ def run() -> dict:
                     ["... in snapshots, once freed heap is trimmed (malloc_trim)", round(rss_trimmed / size, 3)],
                     [f"the old store ({versions} whole states), in snapshots", versions],
                     ["add a version (encode delta and undo delta, hash), median s", figures["add_seconds_median"]],
+                    ["... of which: freed heap handed back (malloc_trim), median / largest ms",
+                     f"{figures['heap_trim_ms_median']} / {figures['heap_trim_ms_max']}"],
                     ["rebuild the newest but one, s", timings["newest_but_one"]],
                     [f"rebuild the oldest ({versions - 1} undo deltas), s", timings["oldest"]],
                     ["worst wait of a verification for the oldest, before (its whole rebuild in the asking thread), s", timings["oldest"]],

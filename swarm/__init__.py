@@ -42,6 +42,7 @@ The ground floor, importing nothing of the project (so that any module may impor
 - paths.py           - where the project keeps files on the user's machine (the cache directory).
 - hub.py             - the Hugging Face hub: offline? answering? a snapshot in its cache?
 - tied_weights.py    - tied parameters published once (`unique_state`) and re-tied on load.
+- heap.py            - freed heap handed back to the operating system (glibc's malloc_trim).
 - lora.py            - LoRA runs: PEFT wrapping, the adapter as the published state, the base model's hash,
                        merge/unmerge, PEFT adapter directories (vLLM's LoRARequest reads them).
 """

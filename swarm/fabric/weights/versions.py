@@ -46,6 +46,7 @@ from swarm.fabric.weights.delta import (
 from swarm.fabric.weights.background_rebuilds import BackgroundRebuilds
 from swarm.fabric.weights.undo import UndoDelta, apply_chain, encode_undo
 from swarm.fabric.weights.upload_slots import HolderBusy
+from swarm.heap import give_back_free_heap
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +271,10 @@ class VersionStore:
                 self._undo[older] = entry
                 del self._whole[older]
             self._evict()
-            return digest
+        # a demoted whole state and the encoders' arrays are freed now: gigabytes at 0.6B, which glibc
+        # would otherwise keep resident (swarm.heap)
+        give_back_free_heap()
+        return digest
 
     def _evict(self) -> None:
         """Drops the oldest versions past `capacity` and forward deltas past `delta_budget` (under the lock)."""
