@@ -83,7 +83,7 @@ class PieceTiming:
 
 
 class OwnerPace:
-    """Per owner: the delivery rates of its latest chunks (bytes per second, asked to kept)."""
+    """Per owner: the paces of its latest chunks (bytes per second, from their first piece to their last)."""
 
     def __init__(self) -> None:
         self._rates: dict[str, deque[float]] = {}
