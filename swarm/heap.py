@@ -13,9 +13,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
-
-logger = logging.getLogger(__name__)
 
 
 @functools.cache
