@@ -270,8 +270,9 @@ class Learner(Peer):
         # who fetches each new delta, named in its announcement (sharer_view.SharerView)
         self.sharers = self.hold(SharerView(self.fabric))
         # encodes, hashes and announces versions while the next step trains (closed after the pulse)
+        isolation, idle = publish_isolation(config.publish_isolation, self.device, self.published_bytes())
         self.publisher = self.hold(Publisher(self.store, on_published=self._published, on_encoding=self.sharers.publishing,
-                                             isolation=publish_isolation(config.publish_isolation, self.device)))
+                                             isolation=isolation, idle=idle))
         self.publish(now=True)
         # announcements and the membership record on their own schedule: a step longer than a record's
         # life (any real LLM's) no longer takes the learner out of the listing
@@ -442,6 +443,11 @@ class Learner(Peer):
             self.publisher.publish_now(core.version, state)
         else:
             self.publisher.submit(core.version, state)  # raises when the publisher failed
+
+    def published_bytes(self) -> int:
+        """The size of a version in the dtype samplers run (its tensors are not copied to tell)."""
+        return sum(t.numel() * (self.publish_dtype.itemsize if t.is_floating_point() else t.element_size())
+                   for t in policy_state(self.model).values())
 
     def _published(self, version: int, digest: str) -> None:
         """A version is held and hashed (the publisher's thread): record it, then have it announced."""

@@ -89,8 +89,9 @@ class LearnerConfig(SwarmSettings, TaskSettings, TrainingSettings, DeviceSetting
                                     "its own, the state passed through shared memory: the encoding never holds the GIL "
                                     "the training thread needs for its GPU kernel launches), thread (in the learner's "
                                     "process: no shared memory, /dev/shm needs no room for a few versions, no child "
-                                    "to start), or auto: process where the learner trains on a GPU, else thread (on a "
-                                    "CPU, training's own ops release the GIL and the cores are what is shared)")
+                                    "to start), or auto: process where the learner trains on a GPU, or on a CPU where a "
+                                    "version is 32 MiB or more (there at idle priority: it takes only the CPU time "
+                                    "training leaves, and skips versions rather than slow the steps), else thread")
     averaging_timeout_s: float = setting(
         30.0, group="swarm", gt=0, help="several learners: how long a step waits for the others' gradients before it "
                                         "steps alone (those left out then download the state and catch up)")

@@ -212,10 +212,10 @@ class EncoderProcess:
     """The parent's side: starts the child, hands it jobs one at a time (`encode`), and stops it.
     Thread-safe: one job at a time, and `stop` waits for the job under way."""
 
-    def __init__(self, *, nice: int = 0, name: str = "version-encoder") -> None:
+    def __init__(self, *, nice: int = 0, idle: bool = False, name: str = "version-encoder") -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe(duplex=True)
-        self.process = context.Process(target=serve, args=(child_end, nice), name=name, daemon=True)
+        self.process = context.Process(target=serve, args=(child_end, nice, idle), name=name, daemon=True)
         with _bare_main():
             self.process.start()
         child_end.close()
@@ -330,13 +330,21 @@ def _leave() -> None:
     os._exit(0)
 
 
-def serve(conn, nice: int) -> None:
-    """The child's loop: one job at a time, until told to stop or the parent goes."""
+def serve(conn, nice: int, idle: bool = False) -> None:
+    """The child's loop: one job at a time, until told to stop or the parent goes. `idle`: at idle
+    priority (Linux's SCHED_IDLE, which the codec's worker threads inherit): it runs on CPU time no
+    other thread wants and never preempts one that wakes, where a niced child still took its share
+    of a CPU learner's busy cores and stalled the step's parallel work (swarm.fabric.weights.publisher)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if nice and hasattr(os, "nice"):
         try:
             os.nice(nice)
+        except OSError:
+            pass
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
     held: tuple[int, str, dict[str, torch.Tensor]] | None = None  # the last state encoded: the next base

@@ -32,8 +32,16 @@ The child dying (killed, out of memory) is a failure like any other: nothing of 
 encoding is published.
 
 The thread (and the encoding process) runs at a lower scheduling priority (`nice`, Linux: per thread, and inherited by the
-codec's worker threads it starts): on a CPU learner it takes the cores training leaves idle
-instead of slowing every step; on a GPU learner the CPU is idle anyway.
+codec's worker threads it starts); on a GPU learner the CPU is idle anyway. On a CPU learner, whose
+training keeps every core busy, that is not enough: a niced encoder still takes its share of the
+cores, and each time it runs it stalls one of the step's parallel threads and with it the whole
+step (mid-size model, 2 quiet cores, benchmarks/publish_overlap.py: 0.83-0.87x of the steps/s with
+publishing off, whether inline, in a thread, or in a process at nice 10 or 19). `idle` runs the encoding
+processes at idle priority (Linux's SCHED_IDLE): only on CPU time training leaves, never
+preempting it. The steps then ran at 0.90-0.975x of off (four runs), and 40% of the versions were
+skipped (their change carried by the next delta): the publisher keeps up with what training
+leaves it. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
+off its core would stall the training thread that waits for the GIL.
 """
 
 from __future__ import annotations
@@ -107,18 +115,19 @@ class Publisher:
     version's delta from `base` (None: no version held yet) is encoded. nice: the thread's
     scheduling niceness (0: as the caller's). encode_delay_s: added to every publication (tests and
     benchmarks: a learner whose encoding is slower than its step). isolation: where the encoding
-    runs, "thread" (here) or "process" (a process of its own, started now: `encoder_pid`)."""
+    runs, "thread" (here) or "process" (a process of its own, started now: `encoder_pid`). idle:
+    the encoding processes run at idle priority (a CPU learner's: see above)."""
 
     def __init__(self, store, *, on_published: Callable[[int, str], None],
                  on_encoding: Callable[[int, int | None], None] | None = None, nice: int = PUBLISHER_NICE,
                  encode_delay_s: float = 0.0, name: str = "version-publisher",
-                 isolation: Literal["thread", "process"] = "thread") -> None:
+                 isolation: Literal["thread", "process"] = "thread", idle: bool = False) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.store, self.on_published, self.on_encoding = store, on_published, on_encoding
-        self.nice, self.encode_delay_s, self.isolation = nice, encode_delay_s, isolation
+        self.nice, self.idle, self.encode_delay_s, self.isolation = nice, idle, encode_delay_s, isolation
         # started first: the child imports torch and the codec while the caller gets its first version ready
-        self._encoder = EncoderProcess(nice=nice, name=f"{name}-encoder") if isolation == "process" else None
+        self._encoder = EncoderProcess(nice=nice, idle=idle, name=f"{name}-encoder") if isolation == "process" else None
         self._blocks = BlockPool()  # the shared memory of versions the store no longer holds whole, reused
         self._cond = threading.Condition()
         self._waiting: tuple[int, Mapping[str, torch.Tensor]] | None = None
@@ -287,7 +296,7 @@ class Publisher:
                 return None
             try:
                 if self._snapshots is None:
-                    self._snapshots = EncoderProcess(nice=self.nice, name=f"{self._name}-snapshots")
+                    self._snapshots = EncoderProcess(nice=self.nice, idle=self.idle, name=f"{self._name}-snapshots")
                 payload = self._snapshots.snapshot(version, last[1])
             except Exception as exc:  # noqa: BLE001  the store encodes it itself
                 logger.warning("the snapshot of version %d could not be encoded in a process (%s: %s); encoding it here",
