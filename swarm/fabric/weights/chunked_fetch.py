@@ -122,7 +122,7 @@ class ChunkedFetch(PassingOver, PassingOwnersOver, SourceJudging):
                  on_unreachable: Callable[[str, BaseException], None] | None = None,
                  rng: random.Random | None = None, deadline_s: float | None = None,
                  on_chunk: Callable[[int], None] | None = None, manifest: Future | None = None,
-                 chain: bool | None = None) -> None:
+                 chain: bool | None = None, owner_pace: OwnerPace | None = None) -> None:
         self.client, self.book, self.spec, self.me = client, book, spec, me
         self._asked_manifest = manifest  # the last whole holder's (the learner's) answer, asked already
         self.on_chunk = on_chunk  # hears the size of each verified chunk kept (from a worker thread): progress
@@ -149,7 +149,8 @@ class ChunkedFetch(PassingOver, PassingOwnersOver, SourceJudging):
         self._asking: set[tuple[int, str]] = set()  # (chunk, sharer) of the requests to sharers in flight
         self.pace = UpstreamPace()  # how fast a chain's upstream passes chunks on
         self.passed_over: set[str] = set()  # upstreams passed over for being far slower than the peer before them
-        self.owner_pace = OwnerPace()  # how fast each stripe's owner delivers
+        # how fast each stripe's owner delivers (a follower's: kept across its fetches)
+        self.owner_pace = owner_pace if owner_pace is not None else OwnerPace()
         self.slow_owners: set[str] = set()  # owners whose stripes come from whole holders, for being far slower than the others
         self._workers: list[threading.Thread] = []
         self._surplus = 0  # workers started for a passed-over upstream's chunks, to retire once through
@@ -199,14 +200,16 @@ class ChunkedFetch(PassingOver, PassingOwnersOver, SourceJudging):
         """The complete, verified payload (a Partial still served from `book`: call book.end(it)
         once the version is in the store). Raises ChunkedFetchFailed."""
         manifest = self._manifest()
+        passed = self._pass_remembered_owners() if self.sharers and not self.chain else []
         # the queues first: a peer asking for a chunk the moment the partial is served must find its
         # index queued already, or adopting it would queue it a second time (two workers, two copies)
         for index in sorted(range(self.spec.count), key=self.turn):
             owner = self.owner(index)
-            (self._from_whole if owner in (None, self.me) else self._from_owners).append(index)
+            (self._from_whole if owner in (None, self.me, *passed) else self._from_owners).append(index)
         self.partial = partial = self.book.begin(self.spec, *manifest, wanted=self._adopt)
         try:
-            for whole in [True] * self.whole_workers + [False] * SHARED_WORKERS:
+            # a passed-over owner's stripe is as much again as this peer's own from whole holders
+            for whole in [True] * (self.whole_workers + len(passed)) + [False] * SHARED_WORKERS:
                 self._start_worker(whole)
             self._wait_for_workers()
             if not partial.complete:

@@ -34,6 +34,7 @@ from swarm.fabric.membership.records import believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcement_push import read_push
 from swarm.fabric.weights.announcements import Announced
 from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed, ChunkSources
+from swarm.fabric.weights.owner_pace import OwnerPace
 from swarm.fabric.weights.sharer_view import delta_base, sharers_for
 from swarm.fabric.weights.chunks import ChunkSpec
 from swarm.fabric.weights.delta import CorruptVersion
@@ -178,6 +179,9 @@ class VersionFollower:
         self._chunk_failures = 0
         self._shunned: dict[str, float] = {}  # holder -> until when it is not asked
         self._struck: dict[str, float] = {}  # of those, the ones that sent data that does not verify
+        # stripes' owners' paces across fetches: one slow in a snapshot's stripes is passed over as
+        # each delta after it starts (a delta's stripes are too short to judge it in)
+        self.owner_pace = OwnerPace()
         self._pushed: Announced | None = None  # a learner's pushed announcement, newer than the newest seen
         self._push_lock = threading.Lock()
         store.book.on_unheld = self.nudge
@@ -337,7 +341,8 @@ class VersionFollower:
         task = self._task(f"fetching the {kind} of version {ann.version}", spec.size)
         fetch = ChunkedFetch(self.client, self.store.book, spec, ChunkSources(relays + [ann.peer_id], sharers, avoid), me,
                              unreachable=unreachable, on_corrupt=self._shun, on_unreachable=self._unreachable, rng=self.rng,
-                             on_chunk=task.advance if task is not None else None, manifest=manifest)
+                             on_chunk=task.advance if task is not None else None, manifest=manifest,
+                             owner_pace=self.owner_pace)
         try:
             partial = fetch.run()
         except ChunkedFetchFailed as exc:

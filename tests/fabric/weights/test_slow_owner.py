@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from swarm.fabric.weights.owner_pace import OWNER_JUDGED_CHUNKS, OWNER_SLOW_RATIO, OwnerPace, PieceTiming
+from swarm.fabric.weights.owner_pace import OWNER_JUDGED_CHUNKS, OWNER_MEMORY, OWNER_SLOW_RATIO, OwnerPace, PieceTiming
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_chunked_fetch import fetch_by
 from tests.fabric.weights.test_slow_upstream import throttled
@@ -36,10 +36,11 @@ def learner_with_a_snapshot(make_fabric):
     return learner, store
 
 
-def stripes(make_fabric, slow_place: int | None):
+def stripes(make_fabric, slow_place: int | None, remembered: bool = False):
     """SHARERS peers fetching a snapshot in stripes, the one at `slow_place` (in peer id order)
     behind a slow download: (the fetches, when each but the slow one finished, the learner's bytes
-    served by then, the size). The slow one's fetch is left unfinished (its client closed)."""
+    served by then, the size). The slow one's fetch is left unfinished (its client closed).
+    `remembered`: each peer's OwnerPace holds an earlier fetch in which the slow one was slow."""
     learner, store = learner_with_a_snapshot(make_fabric)
     spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
     server = learner.weight_server(store)
@@ -50,6 +51,9 @@ def stripes(make_fabric, slow_place: int | None):
     fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers, chain=False) for peer, s in zip(peers, stores)]
     if slow_place is not None:
         throttled(fetches[slow_place].client, SLOW_BYTES_S)
+    if remembered:
+        for fetch in fetches:
+            fetch.owner_pace = earlier_fetch(sharers, slow=sharers[slow_place])
     done, payloads = {}, {}
 
     def run(fetch):
@@ -104,6 +108,31 @@ def test_a_slow_owners_stripe_comes_from_whole_holders_and_the_others_finish_lon
     assert served < (1.0 + 2.5 / SHARERS) * size, f"the learner sent {served / size:.2f} copies"
 
 
+def earlier_fetch(owners: list[str], slow: str) -> OwnerPace:
+    """A peer's OwnerPace after a fetch in which `slow` delivered two chunks at 1/100 of the others' pace."""
+    pace = OwnerPace()
+    pace.begin()
+    for owner in owners:
+        for _ in range(OWNER_JUDGED_CHUNKS):
+            pace.arrived(owner, 1e4 if owner == slow else 1e6)
+    return pace
+
+
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_an_owner_slow_in_an_earlier_fetch_is_passed_over_before_any_of_its_chunks_is_asked_for(make_fabric):
+    """A delta's stripes are a few chunks each, too short to judge their owners in: a follower keeps
+    its OwnerPace across fetches, so an owner found slow before is passed over from the start. Not
+    one chunk then comes from it, and the others finish long before judging it anew could have."""
+    fetches, finished, served, size = stripes(make_fabric, slow_place=2, remembered=True)
+    slow = fetches[2]
+    others = [f for f in fetches if f is not slow]
+    assert all(slow.me in f.slow_owners and f.received[slow.me] == 0 for f in others), [
+        (f.slow_owners, f.received[slow.me]) for f in others]
+    # judged anew, its first two chunks alone took about 3 s each (test above); here nothing waits on it
+    assert max(finished.values()) < 0.2 * size / SLOW_BYTES_S, finished
+    assert served < (1.0 + 2.5 / SHARERS) * size, f"the learner sent {served / size:.2f} copies"
+
+
 @pytest.mark.parametrize("make_fabric", ["grpc", "hivemind"], indirect=True)
 def test_on_equal_links_owners_are_left_alone(make_fabric):
     """On loopback a peer now and then passes an owner over (one peer in 20 with a quiet machine):
@@ -141,3 +170,20 @@ def test_an_owner_is_judged_on_its_best_recent_pace_against_the_median_of_the_ot
         lone.arrived("slow", 1e4)
     lone.arrived("a", 1e6)
     assert lone.slow("slow") is None  # one other owner is too few to judge by
+
+
+def test_owners_paces_are_kept_for_a_few_fetches_then_an_owner_passed_over_is_tried_again():
+    pace = earlier_fetch(["a", "b", "c", "slow"], slow="slow")
+    for _ in range(OWNER_JUDGED_CHUNKS):
+        pace.arrived("slower", 1e3)
+    # the slowest first, as many as a fetch may pass over
+    assert pace.slowest(["a", "b", "slow", "slower"], 2) == ["slower", "slow"]
+    assert pace.slowest(["a", "slow", "slower"], 1) == ["slower"]
+    assert pace.slowest(["a", "b"], 2) == []
+    for _ in range(OWNER_MEMORY - 1):  # passed over, it delivers nothing in the fetches after
+        pace.begin()
+        for owner in ("a", "b", "c"):
+            pace.arrived(owner, 1e6)
+        assert pace.slow("slow") == (1e4, 1e6)
+    pace.begin()  # its paces are OWNER_MEMORY fetches old now: forgotten, and it is asked again
+    assert pace.slow("slow") is None and pace.slowest(["slow", "slower"], 2) == []
