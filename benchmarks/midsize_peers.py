@@ -1,7 +1,7 @@
 """The mid-size model (swarm/model/midsize.py) through the real peers: a bootstrap node, a learner in
 bfloat16 and a sampler, each a process started by the launcher `swarm demo` uses, for three
-steps. Records the step times, each version the sampler fetched (kind, bytes, seconds), its swap
-pauses and the learner's fresh log-prob gap. The model is untrained: this measures the path, not
+steps. Records the step times, the versions the learner published, each version the sampler
+fetched (kind, bytes, seconds), its swap pauses and the learner's fresh log-prob gap. The model is untrained: this measures the path, not
 learning.
 
 `python -m benchmarks midsize_peers`
@@ -37,6 +37,7 @@ def run() -> dict:
             raise RuntimeError(f"the learner failed: {learner.text()[-2000:]}")
         steps = read_jsonl(root / "learner" / "steps.jsonl")
         events = read_jsonl(sampler.run_dir / "events.jsonl")
+        learner_events = read_jsonl(root / "learner" / "events.jsonl")
     finally:
         swarm.stop_all()
         shutil.rmtree(root, ignore_errors=True)
@@ -47,12 +48,16 @@ def run() -> dict:
                   for s in steps],
         "fetched": [{"version": e["version"], "kinds": e["kinds"], "bytes": e["bytes"], "seconds": e["seconds"]} for e in fetched],
         "swap_seconds": [e["swap_seconds"] for e in events if e["event"] == "version_used"],
+        # what the learner published (a CPU learner's encoding process, at idle priority, skips
+        # versions rather than slow the steps); the sampler may not have fetched the last before the end
+        "published": [e["version"] for e in learner_events if e["event"] == "published"],
     }
     markdown = (f"# The mid-size model through real peers\n\n{__doc__.strip()}\n\nWhole run: {figures['seconds']} s.\n\n"
                 + markdown_table(["version", "step seconds", "fresh log-prob gap"],
                                  [[s["version"], s["seconds"], s["fresh_logprob_gap"]] for s in figures["steps"]])
                 + "\n" + markdown_table(["version fetched", "kinds", "bytes", "seconds"],
                                         [[f["version"], ",".join(f["kinds"]), f["bytes"], f["seconds"]] for f in figures["fetched"]])
-                + f"\nSampler swap pauses (s): {figures['swap_seconds']}\n")
+                + f"\nSampler swap pauses (s): {figures['swap_seconds']}\n"
+                + f"\nVersions the learner published: {figures['published']}\n")
     write_result("midsize_peers", figures, markdown)
     return figures
