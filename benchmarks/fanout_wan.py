@@ -39,6 +39,7 @@ still receive theirs, on the same two cores.
     GEPO_FANOUT_MBIT=50 GEPO_FANOUT_DELTAS=8 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
     GEPO_FANOUT_SLOW_MBIT=20 GEPO_FANOUT_DELTAS=4 GEPO_FANOUT_STRATEGIES=chunked,stripes GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
     GEPO_FANOUT_SLOW_UP_MBIT=20 GEPO_FANOUT_DELTAS=6 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
+    GEPO_FANOUT_SLOW_UP_MBIT=20 GEPO_FANOUT_SLOW_DOWN_MBIT=20 GEPO_FANOUT_DELTAS=6 GEPO_FANOUT_STRATEGIES=chunked GEPO_FANOUT_RECEIVERS=8 python -m benchmarks fanout_wan
 
 GEPO_FANOUT_DELTAS=K publishes K deltas after the snapshot, one after the other (each once the last
 reached every sampler), and reports the median over them (the `delta_*_each` columns in the json
@@ -78,6 +79,9 @@ SLOW_UP_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_UP_MBIT", "0")) or None
 # peer id (0 first: its place in a snapshot's chain), not the first one's: every link starts at
 # RATE_MBIT and that one is reshaped once the samplers' ids are known (results ..._place<K>)
 SLOW_PLACE = int(os.environ["GEPO_FANOUT_SLOW_PLACE"]) if os.environ.get("GEPO_FANOUT_SLOW_PLACE") else None
+# GEPO_FANOUT_SLOW_DOWN_MBIT=R (with a slow link above): one more sampler, the next one after the slow
+# one in start order, downloads at R Mbit/s (its upload at RATE_MBIT): a slow uplink behind a slow download
+SLOW_DOWN_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_DOWN_MBIT", "0")) or None
 # GEPO_FANOUT_EQUAL_TOO=1 (with a slow link): each run with the slow link follows one with every link
 # at RATE_MBIT, in the same process: the slow link's cost as a ratio to the same hour's equal links
 EQUAL_TOO = os.environ.get("GEPO_FANOUT_EQUAL_TOO") == "1"
@@ -290,7 +294,13 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                     wan.shape(f"r{slow_one}", slow_up_mbit, download=False)
             row["slow_position"] = sorted(ids).index(ids[slow_one])  # its place by peer id (a snapshot's chain order)
             slow_dirs = dirs[slow_one:slow_one + 1]
-            fast_dirs = dirs[:slow_one] + dirs[slow_one + 1:]
+            slow_down_dirs = []
+            if SLOW_DOWN_MBIT and (slow_mbit or slow_up_mbit) and receivers > 2:
+                slow_down = (slow_one + 1) % receivers
+                wan.shape(f"r{slow_down}", SLOW_DOWN_MBIT, upload=False)
+                slow_down_dirs = [dirs[slow_down]]
+                row["slow_down_position"] = sorted(ids).index(ids[slow_down])
+            fast_dirs = [d for d in dirs if d not in slow_dirs + slow_down_dirs]
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
             processes = ProcessCpu([p.popen.pid for p in swarm.procs])
@@ -310,6 +320,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                 if (SLOW_MBIT or SLOW_UP_MBIT) and receivers > 1:  # the slow sampler apart from the others
                     figures["slow_payload_s"] = arrival_times(slow_dirs, version, at, payload=True)[0]
                     figures["fast_payload_s"] = max(arrival_times(fast_dirs, version, at, payload=True))
+                if slow_down_dirs:
+                    figures["slow_down_payload_s"] = arrival_times(slow_down_dirs, version, at, payload=True)[0]
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
                 # what the cores did while the payload went out: CPU seconds, all and by process kind
                 figures["payload_cpu_s"] = cpu.busy_seconds(at, at + figures["payload_s"])
@@ -413,11 +425,13 @@ def run() -> dict:
     name = "fanout_wan" + ("" if transport == "hivemind" else f"_{transport}") + \
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
         ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + ("" if not SLOW_UP_MBIT else f"_slowup{SLOW_UP_MBIT:g}mbit") + \
-        ("" if SLOW_PLACE is None else f"_place{SLOW_PLACE}") + ("_vs_equal" if EQUAL_TOO else "") + \
+        ("" if SLOW_PLACE is None else f"_place{SLOW_PLACE}") + ("" if not SLOW_DOWN_MBIT else f"_slowdown{SLOW_DOWN_MBIT:g}mbit") + \
+        ("_vs_equal" if EQUAL_TOO else "") + \
         ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies)) + \
         (f"_{os.environ['GEPO_FANOUT_TAG']}" if os.environ.get("GEPO_FANOUT_TAG") else "")  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
-    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_place": SLOW_PLACE, "busy_machine": busy_note(), "slow_up_mbit": SLOW_UP_MBIT, "megabytes": megabytes, "transport": transport,
+    figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_place": SLOW_PLACE, "busy_machine": busy_note(), "slow_up_mbit": SLOW_UP_MBIT,
+               "slow_down_mbit": SLOW_DOWN_MBIT, "megabytes": megabytes, "transport": transport,
                "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
@@ -473,6 +487,15 @@ def run() -> dict:
                                 [[r["strategy"], r["receivers"], r["delta_slow_payload_s"], r["delta_fast_payload_s"],
                                   r["slow_position"], ", ".join(f"{x:.2f}" for x in r.get("delta_fast_payload_s_each", []))]
                                  for r in slowed]))
+    downs = [r for r in slowed if "delta_slow_down_payload_s" in r]
+    if downs:
+        md += (f"\n\nAnd a slow download: the next sampler downloads at {SLOW_DOWN_MBIT:g} Mbit/s (uploads at "
+               f"{RATE_MBIT:g}; the others above are neither slow one). Its delta payload seconds, each delta:\n\n"
+               + markdown_table(["strategy", "samplers", "its place by peer id", "slow download, each delta",
+                                 "slow upload, each delta"],
+                                [[r["strategy"], r["receivers"], r["slow_down_position"],
+                                  ", ".join(f"{x:.2f}" for x in r.get("delta_slow_down_payload_s_each", [])),
+                                  ", ".join(f"{x:.2f}" for x in r.get("delta_slow_payload_s_each", []))] for r in downs]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],

@@ -311,11 +311,12 @@ class Wan:
         host = self._hosts[name] = Host(self, name, ns, ip, ip)
         return host
 
-    def shape(self, name: str, rate_mbit: float, *, download: bool = True) -> None:
-        """Reshapes host `name`'s link to `rate_mbit` both ways (`download` False: its upload alone),
-        while its peers run (a link that turns slow after the peers joined: the benchmark picks
-        which one once it knows their ids)."""
-        _tbf(self._hosts[name].ns, "eth0", rate_mbit)  # upload
+    def shape(self, name: str, rate_mbit: float, *, download: bool = True, upload: bool = True) -> None:
+        """Reshapes host `name`'s link to `rate_mbit` both ways (`download` or `upload` False: the
+        other alone), while its peers run (a link that turns slow after the peers joined: the
+        benchmark picks which one once it knows their ids)."""
+        if upload:
+            _tbf(self._hosts[name].ns, "eth0", rate_mbit)
         if download:
             _tbf(self.core, self._public_ports[name], rate_mbit)
 
