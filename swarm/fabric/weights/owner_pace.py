@@ -56,7 +56,7 @@ OWNERS_JUDGED_BY = 2  # other owners with a rate before any owner is judged agai
 # may be: one owner passed over wrongly (a loaded machine's stall) must not leave a slow one in place
 OWNERS_PASSED_SHARE = 4
 OWNERS_PASSED_MIN = 2
-# fetches an owner's paces are kept for: one judged slow is passed over from the start of the fetches
+# fetches in stripes an owner's paces are kept for: one judged slow is passed over from the start of the fetches
 # after (a delta's stripes are too short to judge it within one) until its paces are this old, then
 # tried again. A volunteer's slow uplink lasts; a wrong judgment (a loaded machine's stall) costs the
 # learner one stripe a fetch meanwhile
@@ -95,7 +95,7 @@ class PieceTiming:
 
 class OwnerPace:
     """Per owner: the paces of its latest chunks (bytes per second, from their first piece to their
-    last), over this peer's last OWNER_MEMORY fetches (`begin` counts them)."""
+    last), over this peer's last OWNER_MEMORY fetches in stripes (`begin` counts them)."""
 
     def __init__(self) -> None:
         self._rates: dict[str, deque[tuple[int, float]]] = {}  # owner -> (fetch, rate) of its latest chunks

@@ -36,8 +36,8 @@ codec's worker threads it starts); on a GPU learner the CPU is idle anyway. On a
 training keeps every core busy, that is not enough: a niced encoder still takes its share of the
 cores, and each time it runs it stalls one of the step's parallel threads and with it the whole
 step (mid-size model, 2 quiet cores, benchmarks/publish_overlap.py: 0.83-0.87x of the steps/s with
-publishing off, whether inline, in a thread, or in a process at nice 10 or 19). `idle` runs the encoding
-processes at idle priority (Linux's SCHED_IDLE): only on CPU time training leaves, never
+publishing off, whether inline, in a thread, or in a process at nice 10 or 19). `idle` runs the versions' encoding
+process at idle priority (Linux's SCHED_IDLE): only on CPU time training leaves, never
 preempting it. The steps then ran at 0.90-0.975x of off (four runs), and 40% of the versions were
 skipped (their change carried by the next delta): the publisher keeps up with what training
 leaves it. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
@@ -116,7 +116,8 @@ class Publisher:
     scheduling niceness (0: as the caller's). encode_delay_s: added to every publication (tests and
     benchmarks: a learner whose encoding is slower than its step). isolation: where the encoding
     runs, "thread" (here) or "process" (a process of its own, started now: `encoder_pid`). idle:
-    the encoding processes run at idle priority (a CPU learner's: see above)."""
+    the process encoding every version runs at idle priority (a CPU learner's: see above); the one
+    encoding snapshots does not, since a joining sampler waits for what it encodes."""
 
     def __init__(self, store, *, on_published: Callable[[int, str], None],
                  on_encoding: Callable[[int, int | None], None] | None = None, nice: int = PUBLISHER_NICE,
@@ -296,7 +297,8 @@ class Publisher:
                 return None
             try:
                 if self._snapshots is None:
-                    self._snapshots = EncoderProcess(nice=self.nice, idle=self.idle, name=f"{self._name}-snapshots")
+                    # never idle: a joining sampler waits for it, and it runs once per version asked for
+                    self._snapshots = EncoderProcess(nice=self.nice, name=f"{self._name}-snapshots")
                 payload = self._snapshots.snapshot(version, last[1])
             except Exception as exc:  # noqa: BLE001  the store encodes it itself
                 logger.warning("the snapshot of version %d could not be encoded in a process (%s: %s); encoding it here",
