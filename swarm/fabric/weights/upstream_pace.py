@@ -40,6 +40,7 @@ from collections import Counter, deque
 
 from swarm.fabric.weights.chunks import answer_limit
 from swarm.fabric.weights.delta import CorruptVersion
+from swarm.fabric.weights.upload_slots import HolderBusy
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +50,27 @@ logger = logging.getLogger(__name__)
 PROBE_AFTER_CHUNKS = 2
 PROBE_MIN_S = 0.3  # ... over at least this long: a few chunks in a burst say little of a link
 PROBE_AHEAD = 8  # the probe's chunk: this many places into the queue of chunks not asked for yet
-PROBES = 5  # probes at most per upstream in one fetch (each costs a request; most find nothing yet)
+# probes in a row whose peer (the one before the upstream) holds the chunk but sends it no faster than
+# WALK_RATIO times the upstream's throughput, after which the probes ask the peer before that one:
+# its uplink is as slow as the upstream. Any probe short of PASS_RATIO (or one that ran out of time)
+# was too loose a sign: on loopback beside the suite's other lane, a peer walked up past a healthy
+# head, passed it over with the slow one, and had the learner send it a second copy
+WALK_AFTER = 2
+WALK_RATIO = 1.5
+# probes answered at most per upstream in one fetch (each costs a request). Answered busy, a probe is
+# not counted: busy answers used the probes up early in a snapshot, while a slow uplink further up
+# held the whole chain back and the peer before a slow download was not yet far ahead of it, and the
+# four peers after the slow download fetched at its pace (45.7 s against 18.7 s for the peer before
+# it: benchmarks/fanout_wan.py, GEPO_FANOUT_SLOW_DOWN_MBIT). Instead each busy answer in a row
+# doubles the chunks before the next probe (up to BUSY_BACKOFF times), which keeps them few on equal links
+PROBES = 5
+BUSY_BACKOFF = 3
 # probes in a row that must each find the upstream slow, its throughput reckoned afresh for each
 # (over the chunks since the one before): a peer held up behind a slow hop that was then passed over
 # catches up at once, and one probe timed while it still lagged had the peer after it pass it over
-# too (the cascade: the seven others 24.2 s against 18.4 s)
+# too (the cascade: the seven others 24.2 s against 18.4 s). A probe answered busy (the peer before
+# does not hold its chunk yet: the upstream keeps up with it) ends the run too: counted neither way,
+# it let such a cascade through in the loopback test
 PASSES = 2
 # a peer before the upstream that sends a chunk this many times as fast as the upstream's throughput
 # passes it on: the upstream is passed over. A probe shares that peer's uplink with the upstream's
@@ -75,6 +92,9 @@ class UpstreamPace:
         self._probes: Counter[str] = Counter()
         self._since_probe: Counter[str] = Counter()
         self._slow_in_a_row: Counter[str] = Counter()
+        self._further: Counter[str] = Counter()  # peers beyond the one before each upstream its probes skip
+        self._sent_slowly: Counter[str] = Counter()  # probes in a row whose peer sent too slowly to pass the upstream
+        self._busy_in_a_row: Counter[str] = Counter()  # probes in a row answered busy
         self._probing = False
         self._lock = threading.Lock()
 
@@ -98,7 +118,8 @@ class UpstreamPace:
         """The throughput of `upstream` to test a probe against, when it is time to probe (the caller
         then calls `end_probe`); None otherwise."""
         with self._lock:
-            if self._probing or self._probes[upstream] >= PROBES or self._since_probe[upstream] < PROBE_AFTER_CHUNKS:
+            spacing = PROBE_AFTER_CHUNKS << min(self._busy_in_a_row[upstream], BUSY_BACKOFF)
+            if self._probing or self._probes[upstream] >= PROBES or self._since_probe[upstream] < spacing:
                 return None
             rate = self._throughput(upstream)
             if rate is None:
@@ -111,12 +132,36 @@ class UpstreamPace:
                 arrivals.popleft()
             return rate
 
-    def end_probe(self, upstream: str, slow: bool) -> bool:
-        """A probe of the peer before `upstream` ended, finding `upstream` `slow` or not: whether
-        PASSES probes in a row found it slow (pass it over)."""
+    def further(self, upstream: str) -> int:
+        """How many peers up from the one before `upstream` its next probe skips (walk_up)."""
+        with self._lock:
+            return self._further[upstream]
+
+    def sent_slowly(self, upstream: str, *, reset: bool = False) -> None:
+        """The probed peer held a chunk far ahead of `upstream` but sent it about as slowly (`reset`:
+        a probe that found otherwise): after WALK_AFTER such probes in a row, that peer's uplink is
+        taken for slow too, and the next probes ask the peer before it (at the top, the learner)."""
+        with self._lock:
+            if reset:
+                self._sent_slowly[upstream] = 0
+                return
+            self._sent_slowly[upstream] += 1
+            if self._sent_slowly[upstream] >= WALK_AFTER:
+                self._sent_slowly[upstream] = 0
+                self._further[upstream] += 1
+
+    def end_probe(self, upstream: str, slow: bool, *, busy: bool = False) -> bool:
+        """A probe of the peer before `upstream` ended, finding `upstream` `slow` or not (`busy`: the
+        peer before answered busy, which is not counted against PROBES): whether PASSES probes in a
+        row found it slow (pass it over)."""
         with self._lock:
             self._probing = False
             self._slow_in_a_row[upstream] = self._slow_in_a_row[upstream] + 1 if slow else 0
+            if busy:
+                self._probes[upstream] -= 1
+                self._busy_in_a_row[upstream] += 1
+            else:
+                self._busy_in_a_row[upstream] = 0
             return self._slow_in_a_row[upstream] >= PASSES
 
 
@@ -157,11 +202,13 @@ class PassingOver:
         of those asked for (upstream_pace.PROBE_AHEAD) is asked of the peer before it, with no wait;
         one that holds it and sends it far faster than `upstream` passes chunks on
         (upstream_pace.PASS_RATIO) has it pass `upstream` over."""
-        before = self._before(upstream) if upstream == self.upstream() else None
+        above = self._above(upstream) if upstream == self.upstream() else []
+        skip = self.pace.further(upstream)
+        before = above[min(skip, len(above) - 1)] if above else None
         throughput = self.pace.start_probe(upstream) if before is not None else None
         if throughput is None:
             return
-        ok, rate, index, passing = False, 0.0, None, False
+        ok, rate, index, passing, busy = False, 0.0, None, False, False
         try:
             with self._cond:
                 queued = [i for i in self._from_owners if not self.partial.have[i]]
@@ -184,12 +231,23 @@ class PassingOver:
                 ok = self._keep(before, index, data)
             except CorruptVersion as exc:
                 self._strike(before, exc)
+            except HolderBusy as exc:  # it does not hold the chunk yet (or has no slot): the upstream keeps up
+                busy = True
+                logger.debug("probe of %s for chunk %d: busy (%s)", before, index, exc)
             except Exception as exc:  # noqa: BLE001  a probe that fails or runs out of time says nothing against anyone
                 logger.debug("probe of %s for chunk %d failed: %s: %s", before, index, type(exc).__name__, exc)
             if ok:
                 rate = probe_rate(size, started, ended, *(first[0] if first else (started, 0)))
         finally:
-            passing = self.pace.end_probe(upstream, ok and rate >= PASS_RATIO * throughput)
+            slow = ok and rate >= PASS_RATIO * throughput
+            passing = self.pace.end_probe(upstream, slow, busy=busy)
+            if ok and rate < WALK_RATIO * throughput and before != above[-1]:
+                # it held the chunk far ahead but sent it as slowly as the upstream: its uplink is a slow
+                # hop too, and the chain's peer before it may be far faster (a slow download right
+                # behind a slow uplink: the peers after both fetched at their pace, 46 s against 19)
+                self.pace.sent_slowly(upstream)
+            elif not busy:
+                self.pace.sent_slowly(upstream, reset=True)
             if index is not None:
                 self._done(index, None)
                 if not ok:  # back in its place: the chain's chunks are asked for in order
@@ -197,16 +255,19 @@ class PassingOver:
                         self._from_owners.insert(sum(1 for i in self._from_owners if i < index), index)
         logger.debug("probe of %s for chunk %d of %s %d: %s; %s's throughput %.2f MB/s", before, index, self.spec.kind,
                      self.spec.version, f"{rate / 1e6:.2f} MB/s" if ok else "not sent", upstream, throughput / 1e6)
-        if passing:
-            self._pass_over(upstream, f"{throughput / 1e6:.2f} MB/s, against {rate / 1e6:.2f} MB/s from {before}")
+        if passing:  # `upstream`, and the peers between it and `before`, whose uplinks were too slow
+            why = f"{throughput / 1e6:.2f} MB/s, against {rate / 1e6:.2f} MB/s from {before}"
+            for peer in [upstream, *above[:above.index(before)]]:
+                self._pass_over(peer, why)
 
-    def _before(self, upstream: str) -> str | None:
-        """The chain's peer before `upstream` that is not passed over; for its head, the last whole holder."""
+    def _above(self, upstream: str) -> list[str]:
+        """The chain's peers before `upstream` that are not passed over, nearest first, then the last
+        whole holder (the learner): the peers a probe may ask, in the order it walks up."""
         with self._cond:
             place = self.sharers.index(upstream) if upstream in self.sharers else 0
-            found = next((p for p in reversed(self.sharers[:place]) if p not in self._dead), None)
-            if found is None and self.whole and self.whole[-1] not in self._dead:
-                found = self.whole[-1]
+            found = [p for p in reversed(self.sharers[:place]) if p not in self._dead]
+            if self.whole and self.whole[-1] not in self._dead:
+                found.append(self.whole[-1])
             return found
 
     def _pass_over(self, upstream: str, why: str) -> None:

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from swarm.fabric.weights import upstream_pace
+from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBES, UpstreamPace
 from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.upload_slots import UploadSlots
 from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
@@ -142,3 +144,79 @@ def test_a_freed_slot_goes_to_the_requester_holding_the_fewest():
     slots.release(1.0, "slow")
     waiters[0].join(5)
     assert order == ["fast", "slow"] and slots.active == 2
+
+
+def test_probes_in_a_row_that_find_an_upstream_slow_pass_it_over_and_busy_answers_are_spaced_out_not_counted(monkeypatch):
+    """Two probes in a row that find the upstream slow pass it over; one that does not, or is answered
+    busy (the peer before does not hold the chunk yet: the upstream keeps up), starts the count afresh.
+    Busy answers are not counted against PROBES: they came while a slow uplink further up held a whole
+    chain back, used the probes up, and left the peers after a slow download at its pace. Instead each
+    busy answer in a row doubles the chunks before the next probe."""
+    assert PASSES == 2
+    monkeypatch.setattr(upstream_pace, "PROBE_MIN_S", 0.02)  # (a throughput is reckoned over at least this long)
+
+    def probe(pace, chunks=PROBE_AFTER_CHUNKS):
+        for _ in range(chunks):
+            time.sleep(0.011)
+            pace.arrived("up", 1000)
+        return pace.start_probe("up")
+
+    pace = UpstreamPace()
+    assert probe(pace, PROBE_AFTER_CHUNKS + 1) is not None and not pace.end_probe("up", True)
+    assert probe(pace) is not None and pace.end_probe("up", True)  # the second in a row: passed over
+    again = UpstreamPace()
+    assert probe(again, PROBE_AFTER_CHUNKS + 1) is not None and not again.end_probe("up", True)
+    assert probe(again) is not None and not again.end_probe("up", False, busy=True)  # the count starts afresh
+    assert probe(again) is None  # two chunks after a busy answer: too soon
+    assert probe(again, PROBE_AFTER_CHUNKS) is not None and not again.end_probe("up", False, busy=True)
+    assert probe(again, 3 * PROBE_AFTER_CHUNKS) is None and probe(again, PROBE_AFTER_CHUNKS) is not None  # 8 after two
+    again.end_probe("up", True)
+    for _ in range(PROBES - 2):  # answers that came count against PROBES (two so far); busy ones did not
+        assert probe(again) is not None
+        again.end_probe("up", False)
+    assert probe(again, 4 * PROBE_AFTER_CHUNKS) is None  # PROBES probes answered: no more
+
+
+class ScriptedChain:
+    """A weight client for a chain's peer: each holder sends `data`'s chunks through a link of its own
+    (SlowLink; None: at once); the bytes are the payload's, so every chunk verifies."""
+
+    def __init__(self, data: bytes, spec, links: dict) -> None:
+        self.data, self.spec, self.links = data, spec, links
+        self.asked: dict[str, int] = {}
+
+    def piece(self, holder, spec, index, wait_s=0.0, *, sink=None, **options):
+        self.asked[holder] = self.asked.get(holder, 0) + 1
+        start, end = spec.bounds(index)
+        chunk = self.data[start:end]
+        if self.links.get(holder) is not None:
+            self.links[holder].carry(len(chunk))
+        if sink is not None:
+            sink(chunk)
+        return chunk
+
+
+def test_a_probe_that_finds_the_peer_before_slow_too_walks_up_and_passes_both_over():
+    """A slow download right behind a slow uplink: the peer after them finds its upstream slow, and the
+    peer before it just as slow (it holds the chunks far ahead, but sends them at its uplink's pace),
+    so its next probes ask the peer before that one, which is fast: both slow peers are passed over
+    at once. Before, such a peer kept its upstream, and every peer after them fetched at their pace."""
+    from swarm.fabric.weights.chunks import ChunkBook, spec_of
+    from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkSources
+    from tests.fabric.weights.test_chunks import payload
+
+    chunk = 1 << 14
+    data = payload(48 * chunk)
+    spec, manifest = spec_of("snapshot", 1, data, chunk)
+    slow_upload, slow_download = SlowLink(100_000), SlowLink(100_000)  # each chunk in 0.16 s
+    client = ScriptedChain(data, spec, {"Ccc": slow_download, "Bbb": slow_upload})
+    fetch = ChunkedFetch(client, ChunkBook(lambda kind, version: None, chunk), spec,
+                         ChunkSources(["Learner"], ["Aaa", "Bbb", "Ccc", "Me"]), "Me", unreachable=(ConnectionError,),
+                         on_corrupt=lambda peer, exc: None, chain=True)
+    fetch._manifest = lambda: (manifest, spec.digests(manifest, "x"))
+    started = time.monotonic()
+    assert fetch.run().payload() == data
+    took = time.monotonic() - started
+    assert fetch.passed_over == {"Bbb", "Ccc"} and fetch.upstream() == "Aaa", (fetch.passed_over, client.asked)
+    assert fetch.received["Aaa"] > 0.5 * len(data), fetch.received  # the rest from the fast peer
+    assert took < 0.6 * len(data) / 100_000, took  # behind the slow one throughout: 7.9 s
