@@ -27,8 +27,13 @@ Throughput, not a request's time: a chain peer keeps SHARED_WORKERS requests in 
 upstream, so each request's time includes the queue before it, and a peer held up behind a slow hop
 would look slow to the peer after it in turn (the cascade that split an earlier try's chain into a
 tree: CHANGELOG, "Tried and left out"). A probe is a chunk the peer needs anyway; one answered busy
-is asked again after PROBE_AFTER_CHUNKS more chunks, at most PROBES times per upstream, so equal
-links cost a few busy answers per fetch.
+is asked again after twice as many chunks as the last (BUSY_BACKOFF), so equal links cost a few
+busy answers per fetch, and at most PROBES probes per upstream are answered.
+
+The peer before the upstream may be slow too: a slow uplink right before a slow download holds the
+chunks far ahead of it, but sends them as slowly. Probes that find it so (WALK_RATIO, WALK_AFTER)
+go one peer further up (at the top, to the learner), and passing over then passes every peer
+between: the peers after a slow download behind a slow uplink had fetched at their pace.
 """
 
 from __future__ import annotations
