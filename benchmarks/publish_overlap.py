@@ -44,8 +44,7 @@ def _publishers(make_store, first: dict[str, torch.Tensor], idle: bool = False) 
 
     publishers = {}
     for isolation in ("thread", "process"):
-        publishers[isolation] = Publisher(make_store(), on_published=lambda v, d: None, isolation=isolation,
-                                          idle=idle and isolation == "process")
+        publishers[isolation] = Publisher(make_store(), on_published=lambda v, d: None, isolation=isolation, idle=idle)
         publishers[isolation].publish_now(0, dict(first))
         publishers[isolation].busy_seconds = 0.0  # (the first waited for the encoding process to start)
     return publishers

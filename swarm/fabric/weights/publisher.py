@@ -126,7 +126,7 @@ class Publisher:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, not {isolation!r}")
         self.store, self.on_published, self.on_encoding = store, on_published, on_encoding
-        self.nice, self.idle, self.encode_delay_s, self.isolation = nice, idle, encode_delay_s, isolation
+        self.nice, self.encode_delay_s, self.isolation = nice, encode_delay_s, isolation
         # started first: the child imports torch and the codec while the caller gets its first version ready
         self._encoder = EncoderProcess(nice=nice, idle=idle, name=f"{name}-encoder") if isolation == "process" else None
         self._blocks = BlockPool()  # the shared memory of versions the store no longer holds whole, reused
