@@ -431,9 +431,9 @@ class Learner(Peer):
         (`now`: in this thread, as the first version is, before anything else happens)."""
         core = self.core
         # a tied parameter once (swarm/tied_weights.py), or a LoRA run's adapter alone (swarm/lora.py),
-        # copied where the weights are: the next step changes them while the publisher takes these to
-        # the host and encodes them
-        state = policy_state(self.model, self.publish_dtype, copy=True, on_host=False)
+        # copied (where the weights are, or into the encoding process's shared memory): the next step
+        # changes them while the publisher encodes the copy
+        state = self.publisher.copy_state(policy_state(self.model), self.publish_dtype)
         bad = non_finite_tensors(state)
         if bad:  # cannot happen after a finite step; if it does, nothing of it leaves this process
             raise RuntimeError(f"version {core.version} holds non-finite weights ({', '.join(bad[:3])}); not published. "

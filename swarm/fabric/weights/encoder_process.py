@@ -11,8 +11,9 @@ Nothing of a state is pickled: the parent copies each submitted state straight i
 shared memory (`SharedState`: every tensor a view into it, aligned), and the block travels to the
 child through torch.multiprocessing as a handle (one file descriptor, not 1.2 GB). The child keeps
 the last state it encoded (the base of the next delta: no copy) and sends back only the digest,
-the delta (~20 MB at 0.6B) and the undo delta (~24 MB); the parent's VersionStore holds the same
-shared-memory tensors as the version's whole state.
+the delta (~20 MB at 0.6B) and the undo delta (~24 MB), the latter two's bytes in a file in
+/dev/shm (`_carried`); the parent's VersionStore holds the same shared-memory tensors as the
+version's whole state.
 
 A version's whole snapshot (what new samplers fetch in chunks: 4.5 s at Qwen3-0.6B shape on an
 H100 machine, hashing included) is encoded there too, on request (`snapshot`): the child is sent
@@ -75,13 +76,15 @@ class SharedState:
     layout: tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]
 
     @classmethod
-    def allocate(cls, like: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None) -> "SharedState":
+    def allocate(cls, like: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None,
+                 dtype: torch.dtype | None = None) -> "SharedState":
         """Uninitialised shared memory for tensors of `like`'s names, dtypes and shapes (from `pool`
-        when it has a free block of the size)."""
+        when it has a free block of the size); floating-point ones as `dtype`, when given."""
         layout, offset = [], 0
         for name, t in like.items():
-            layout.append((name, t.dtype, tuple(t.shape), offset))
-            offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+            cast = dtype if dtype is not None and t.is_floating_point() else t.dtype
+            layout.append((name, cast, tuple(t.shape), offset))
+            offset += -(-t.numel() * cast.itemsize // ALIGN) * ALIGN
         size = max(offset, 1)
         block = pool.take(size) if pool is not None else None
         return cls(block if block is not None else new_block(size, pool), tuple(layout))
@@ -95,12 +98,23 @@ class SharedState:
         return out
 
     @classmethod
-    def copy_of(cls, state: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None) -> "SharedState":
-        """A shared copy of CPU tensors (the copies release the GIL)."""
-        shared = cls.allocate(state, pool)
+    def copy_of(cls, state: Mapping[str, torch.Tensor], pool: "BlockPool | None" = None,
+                dtype: torch.dtype | None = None) -> "SharedState":
+        """A shared copy of CPU tensors, floating-point ones cast to `dtype` when given (the copies
+        release the GIL)."""
+        shared = cls.allocate(state, pool, dtype)
         for name, view in shared.tensors.items():
             view.copy_(state[name])
         return shared
+
+
+class SharedTensors(dict):
+    """A SharedState's tensors by name that knows its SharedState (a publisher's snapshot that
+    needs no copy into shared memory: Publisher.copy_state)."""
+
+    def __init__(self, shared: SharedState) -> None:
+        super().__init__(shared.tensors)
+        self.shared = shared
 
 
 class NoSharedMemory(RuntimeError):
@@ -238,18 +252,25 @@ class EncoderProcess:
                 raise EncoderDied("the encoding process was stopped")
             if base is not None and base_state is None and self.holds != base:
                 raise ValueError(f"the encoding process holds {self.holds}, not the base {base}: send the base state")
+            path = os.path.join(SNAPSHOT_DIR, f"gepo-delta-{os.getpid()}-{self.process.pid}-{version}")
             job = {"version": version, "block": state.block, "layout": state.layout, "base": base, "undo": undo,
-                   "delay_s": delay_s, "base_state": None if base_state is None else (base_state.block, base_state.layout)}
+                   "delay_s": delay_s, "base_state": None if base_state is None else (base_state.block, base_state.layout),
+                   "path": path}
             try:
                 self._conn.send(job)
                 reply = self._reply(version)
             except (OSError, EOFError) as exc:  # a broken pipe: the child is gone
+                _remove(path)
                 raise self._died(version) from exc
+            except EncoderDied:
+                _remove(path)
+                raise
             if reply[0] == "error":
                 _, exc, text = reply
                 logger.error("encoding version %d failed in the encoding process:\n%s", version, text)
                 raise exc
-            _, digest, delta, undo_delta, seconds = reply
+            _, digest, carried, seconds = reply
+            delta, undo_delta = _received(carried)
             self.holds = (version, digest)
             return Encoded(digest, delta, undo_delta, seconds)
 
@@ -375,15 +396,61 @@ def serve(conn, nice: int, idle: bool = False) -> None:
                 if job["undo"]:
                     undo = encode_undo(state, held[2], newer=version, newer_hash=digest, version=base[0], version_hash=base[1])
             held = (version, digest, state)
-            reply = ("done", digest, delta, undo, time.perf_counter() - started)
+            reply = ("done", digest, _carried(job.get("path"), delta, undo), time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001  sent back, raised in the parent
             text = traceback.format_exc()
             reply = ("error", exc, text)
         try:
             conn.send(reply)
+        except (EOFError, OSError):  # the parent is gone: it will never read the file
+            if reply[0] == "done" and reply[2][0] == "file":
+                _remove(reply[2][1])
         except Exception as exc:  # noqa: BLE001  an exception that does not pickle (pickling fails before anything
             # is sent): sent as its text
             conn.send(("error", EncoderError(f"{type(reply[1]).__name__}: {reply[1]} ({exc})"), traceback.format_exc()))
+
+
+def _carried(path: str | None, delta: bytes | None, undo: UndoDelta | None) -> tuple:
+    """How the child hands a version's delta and undo delta back: their bytes written one after
+    another to `path` (a tmpfs), with what the parent needs to cut them apart; or, where that file
+    cannot be written (no room), the objects themselves, through the pipe. Through the pipe, the
+    parent's side took ~80 ms of a nice-10 thread per version at the mid-size model (~30 MB: 64 KiB
+    reads into a growing buffer, then unpickling copies the bytes again), CPU a CPU learner's step
+    wanted; from the file it is one read() per piece, the GIL released."""
+    blobs = ([] if delta is None else [delta]) + [b for _, _, gaps, steps in (undo.tensors if undo else ()) for b in (gaps, steps)]
+    if path is None or not blobs:
+        return ("inline", delta, undo)
+    try:
+        free = shared_memory_free(os.path.dirname(path))
+        if free is not None and free < sum(map(len, blobs)):
+            raise NoSharedMemory(f"no room for a delta in {os.path.dirname(path)}")
+        with open(path, "wb") as f:
+            for blob in blobs:
+                f.write(blob)
+    except (OSError, NoSharedMemory):
+        _remove(path)
+        return ("inline", delta, undo)
+    head = None if undo is None else (undo.version, undo.version_hash, undo.newer, undo.newer_hash,
+                                      tuple((name, count) for name, count, _, _ in undo.tensors))
+    return ("file", path, [len(b) for b in blobs], delta is not None, head)
+
+
+def _received(carried: tuple) -> tuple[bytes | None, UndoDelta | None]:
+    """The parent's side of `_carried`: the delta and the undo delta (the file removed)."""
+    if carried[0] == "inline":
+        return carried[1], carried[2]
+    _, path, lengths, has_delta, head = carried
+    try:
+        with open(path, "rb", buffering=0) as f:
+            blobs = [f.read(n) for n in lengths]
+    finally:
+        _remove(path)
+    if [len(b) for b in blobs] != lengths:
+        raise EncoderError(f"the encoding process's {path} holds {sum(map(len, blobs))} bytes, not {sum(lengths)}")
+    delta = blobs.pop(0) if has_delta else None
+    undo = None if head is None else UndoDelta(*head[:4], tuple((name, count, blobs[2 * i], blobs[2 * i + 1])
+                                                                for i, (name, count) in enumerate(head[4])))
+    return delta, undo
 
 
 def _remove(path: str) -> None:

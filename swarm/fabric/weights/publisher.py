@@ -40,7 +40,11 @@ publishing off, whether inline, in a thread, or in a process at nice 10 or 19). 
 process at idle priority (Linux's SCHED_IDLE): only on CPU time training leaves, never
 preempting it. The steps then ran at 0.90-0.975x of off (four runs), and 40% of the versions were
 skipped (their change carried by the next delta): the publisher keeps up with what training
-leaves it. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
+leaves it. What was left was the learner's own share: a fresh host copy of each version (a page
+fault per page) copied again into shared memory by this thread, and the delta and undo delta
+unpickled from the pipe, 0.17 CPU seconds a version; with the version cast straight into reused
+shared memory (`copy_state`) and the deltas read from a file (encoder_process._carried), 0.08,
+and the steps ran at 0.944-1.006x of off (four runs), half the versions skipped. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
 off its core would stall the training thread that waits for the GIL.
 """
 
@@ -54,7 +58,7 @@ from typing import Callable, Literal, Mapping
 
 import torch
 
-from swarm.fabric.weights.encoder_process import BlockPool, EncoderDied, EncoderProcess, NoSharedMemory, SharedState
+from swarm.fabric.weights.encoder_process import BlockPool, EncoderDied, EncoderProcess, NoSharedMemory, SharedState, SharedTensors
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +152,28 @@ class Publisher:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def copy_state(self, live: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> Mapping[str, torch.Tensor]:
+        """A snapshot of `live` (the model's own tensors, views: the next step changes them) for
+        `submit`, floating-point tensors cast to `dtype`, made in the calling thread. CUDA tensors:
+        a cast copy where they are (the publisher's thread takes it to the host). CPU tensors,
+        encoded in a process: cast straight into a block of shared memory reused from an earlier
+        version (a fresh host copy costs a page fault per 4 KiB page, ~50 ms a version at the
+        mid-size model, then the publisher's thread copied it into shared memory again: two copies
+        of CPU time a CPU learner's step wanted, where this is one). Else a host copy."""
+        if self._encoder is not None and not any(t.is_cuda for t in live.values()):
+            try:
+                return SharedTensors(SharedState.copy_of(live, self._blocks, dtype))
+            except NoSharedMemory:
+                pass  # (the publisher's thread finds the same, and moves to encoding in a thread)
+        return {k: v.detach().to(None, dtype if dtype is not None and v.is_floating_point() else v.dtype, copy=True)
+                for k, v in live.items()}
+
     def submit(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         """Has `version` published in the background; `state` is the publisher's from now on (a
-        snapshot nothing else changes; CUDA tensors are taken to the host in the publisher's thread).
-        A version still waiting is replaced (skipped). Raises PublisherFailed when the thread failed."""
-        state = OnDevice.of(state)
+        snapshot nothing else changes, as `copy_state` makes; CUDA tensors are taken to the host in
+        the publisher's thread). A version still waiting is replaced (skipped). Raises
+        PublisherFailed when the thread failed."""
+        state = state.shared if isinstance(state, SharedTensors) else OnDevice.of(state)
         with self._cond:
             self._check()
             if self._closed:
@@ -166,7 +187,7 @@ class Publisher:
     def publish_now(self, version: int, state: Mapping[str, torch.Tensor]) -> str:
         """Publishes `version` in the caller's thread, once everything submitted before it is done
         (a learner's first version, announced before anything else happens; inline publishing)."""
-        state = OnDevice.of(state)
+        state = state.shared if isinstance(state, SharedTensors) else OnDevice.of(state)
         self.wait()
         with self._cond:
             self._busy = True
@@ -260,7 +281,7 @@ class Publisher:
 
     def _publish(self, version: int, state) -> str:
         started = time.perf_counter()
-        if self._encoder is not None:  # (the delay is the encoding process's)
+        if self._encoder is not None and not isinstance(state, SharedState):  # (the delay is the encoding process's)
             try:
                 state = state.to_shared(self._blocks) if isinstance(state, OnDevice) else SharedState.copy_of(state, self._blocks)
             except NoSharedMemory as exc:  # a small /dev/shm (a container's): encode here, as the thread mode does
@@ -268,7 +289,7 @@ class Publisher:
                 self._encoder.stop()
                 self._encoder, self.isolation = None, "thread"
         if self._encoder is None:
-            state = state.on_host() if isinstance(state, OnDevice) else state
+            state = state.on_host() if isinstance(state, OnDevice) else state.tensors if isinstance(state, SharedState) else state
             if self.encode_delay_s:
                 time.sleep(self.encode_delay_s)
         latest = self.store.latest

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from swarm.fabric.weights.delta import apply_payload_verified, encode_snapshot, state_hash
+from swarm.fabric.weights import encoder_process
+from swarm.fabric.weights.encoder_process import SharedTensors
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_held_versions import states
@@ -199,6 +201,46 @@ def test_the_store_takes_a_precomputed_undo_delta_only_where_it_pairs_the_versio
     assert state_hash(store.state(0)) == store.hashes[0]
 
 
+def _leftover_files(*pids) -> list[str]:
+    return [name for name in os.listdir("/dev/shm")
+            if name.startswith("gepo-delta-") and any(f"-{pid}-" in name for pid in pids)]
+
+
+@pytest.mark.parametrize("through", ["file", "pipe"])
+def test_a_learners_weights_are_cast_straight_into_reused_shared_memory_and_published_as_the_store_would(through, monkeypatch):
+    """copy_state: the model's float32 tensors cast to bfloat16 in the calling thread, straight into a
+    block of shared memory an earlier version had (no host copy, and none in the publisher's thread);
+    the deltas and undo deltas come back through a file in /dev/shm that is removed once read, or,
+    where the child cannot write it there, through the pipe: the same bytes either way."""
+    if through == "pipe":  # the child is handed a path it cannot write
+        monkeypatch.setattr(encoder_process, "SNAPSHOT_DIR", "/nonexistent-gepo-dir")
+    trained = [{k: v.float() for k, v in state.items()} for state in states(6, seed=11)]  # master weights
+    store = VersionStore(capacity=8, whole_states=1)
+    publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
+    thread_side = Publisher(VersionStore(capacity=8), on_published=lambda v, d: None)
+    pids = (os.getpid(), publisher.encoder_pid)
+    try:
+        assert type(thread_side.copy_state(trained[0], torch.bfloat16)) is dict  # encoded in a thread: a host copy
+        live = {k: v.clone() for k, v in trained[0].items()}
+        first = publisher.copy_state(live, torch.bfloat16)
+        assert isinstance(first, SharedTensors) and all(t.dtype == torch.bfloat16 for t in first.values())
+        publisher.publish_now(0, first)
+        for version in range(1, 6):
+            for name, t in live.items():  # the next step changes the model's own tensors in place
+                t.copy_(trained[version][name])
+            publisher.submit(version, publisher.copy_state(live, torch.bfloat16))
+            assert publisher.wait(timeout=60)
+    finally:
+        publisher.close()
+        thread_side.close()
+    reference = VersionStore(capacity=8, whole_states=1)
+    for version in range(6):
+        reference.add(version, {k: v.to(torch.bfloat16) for k, v in trained[version].items()})
+    assert store.hashes == reference.hashes and store.deltas == reference.deltas and store._undo == reference._undo
+    assert publisher.blocks_reused >= 3  # each version cast into the block of one the store let go
+    assert _leftover_files(*pids) == []
+
+
 SMALL_SHM_SCRIPT = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
@@ -210,7 +252,8 @@ store = VersionStore(capacity=4, whole_states=1)
 publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
 try:
     for version, state in enumerate(states(3, seed=2)):
-        publisher.submit(version, {k: v.clone() for k, v in state.items()})
+        # as a learner hands them: copy_state finds no room either, and makes a copy on the host
+        publisher.submit(version, publisher.copy_state(state))
         publisher.wait(timeout=120)
         assert store.hashes[version] == state_hash(state), version
     print("ISOLATION", publisher.isolation, "ENCODER", publisher.encoder_pid)
