@@ -46,3 +46,55 @@ def test_an_idle_publishers_encoding_process_runs_at_idle_priority_and_publishes
         finally:
             publisher.close()
     assert stores[True].hashes == stores[False].hashes and stores[True].deltas == stores[False].deltas
+
+
+def test_a_learner_publishing_from_its_encoding_process_is_followed_by_a_sampler_bit_for_bit(tmp_path):
+    """A real learner (`--publish-isolation process`: its versions cast straight into shared memory,
+    their deltas handed back in files) and a real sampler over the gRPC registry on loopback: the
+    sampler takes the learner's versions as it goes and holds them bit for bit. (The tiny model's
+    steps move so much of it that a sampler behind is sent snapshots; test_publisher_process.py
+    checks the deltas byte for byte.)"""
+    import threading
+    import time
+
+    from peers.learner import Learner
+    from peers.sampler import Sampler
+    from swarm.config import SamplerConfig
+    from swarm.fabric.transports import start_bootstrap
+    from swarm.fabric.weights.delta import state_hash
+    from swarm.runlog import read_jsonl, wait_ready
+
+    node = start_bootstrap("grpc", run_id="isolation-test", host="127.0.0.1", port=0)
+    common = dict(peers=node.addresses(), transport="grpc", run_id="isolation-test", host="127.0.0.1", heartbeat_s=1.0)
+    learner = Learner(LearnerConfig(**common, identity_dir=tmp_path / "learner-keys", steps=60, groups_per_step=2,
+                                    run_dir=tmp_path / "learner", wait_s=60, checkpoint_every=0,
+                                    publish_isolation="process"), echo=lambda line: None)
+    threads = [threading.Thread(target=learner.run, name="test-learner", daemon=True)]
+    try:
+        threads[0].start()
+        ready = wait_ready(tmp_path / "learner", timeout_s=120, alive=threads[0].is_alive)
+        assert ready is not None, "the learner did not start"
+        assert learner.publisher.isolation == "process" and learner.publisher.encoder_pid is not None
+        sampler = Sampler(SamplerConfig(**common, identity_dir=tmp_path / "sampler-keys", learner_keys=[ready["learner_key"]],
+                                        prompts_per_round=2, num_generations=4, run_dir=tmp_path / "sampler"),
+                          echo=lambda line: None)
+        threads.append(threading.Thread(target=sampler.run, name="test-sampler", daemon=True))
+        threads[1].start()
+        deadline = time.time() + 120
+        def held() -> dict:  # (the sampler makes its store as it starts)
+            return dict(getattr(getattr(sampler, "store", None), "hashes", {}))
+        while max(held(), default=0) < 3 and time.time() < deadline and threads[1].is_alive():
+            time.sleep(0.2)
+        published = max(held(), default=0)
+        assert published >= 3, sorted(held())
+        fetched = [e["version"] for e in read_jsonl(tmp_path / "sampler" / "events.jsonl") if e.get("event") == "version_fetched"]
+        assert len(fetched) >= 2, fetched  # the first version, and a later one
+        with sampler.store.lock:
+            held = sampler.store.states[published]
+        assert state_hash(held) == sampler.store.hashes[published] == learner.store.hashes[published]
+    finally:
+        for peer in (learner, *(() if len(threads) < 2 else (sampler,))):
+            peer.stop_event.set()
+        for thread in threads:
+            thread.join(60)
+        node.shutdown()
