@@ -545,7 +545,7 @@ def chunk_answer(book: ChunkBook, request: dict, slots=None, who: str = "", take
     try:
         data = book.lookup(kind, version, root, index, wait)
     except NotYetHere as exc:
-        return {"ok": False, "busy": True, "reason": f"busy: {exc}", "count": 0}, None
+        return {"ok": False, "busy": True, "not_yet": True, "reason": f"busy: {exc}", "count": 0}, None
     if data is None:
         what = "the manifest" if index is None else f"chunk {index}"
         return {"ok": False, "reason": f"{what} of {kind} {version} is not held here", "count": 0}, None

@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 from swarm.fabric.weights.chunks import MAX_PEER_ID_CHARS, ChunkSpec, Redirected, answer_limit, chunk_request
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion, apply_payload_verified, non_finite_tensors
-from swarm.fabric.weights.upload_slots import HolderBusy
+from swarm.fabric.weights.upload_slots import HolderBusy, NotHeldYet
 from swarm.fabric.weights.versions import FetchResult, VersionStore, send_deadline
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def refuse_unless_ok(header: dict, holder, want: int) -> None:
     if header.get("ok"):
         return
     if header.get("busy"):
-        raise HolderBusy(f"holder {holder} is busy: {str(header.get('reason'))[:200]}")
+        raise (NotHeldYet if header.get("not_yet") else HolderBusy)(f"holder {holder} is busy: {str(header.get('reason'))[:200]}")
     target = header.get("redirect")
     if isinstance(target, str) and 0 < len(target) <= MAX_PEER_ID_CHARS:
         raise Redirected(holder, target)

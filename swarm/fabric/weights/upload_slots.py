@@ -22,6 +22,11 @@ class HolderBusy(KeyError):
     """A holder refused a transfer because all its upload slots are taken: ask another (no blame)."""
 
 
+class NotHeldYet(HolderBusy):
+    """A holder does not hold the chunk asked for yet (it is on its way there): busy, but not for
+    want of upload slots (a chain's probes tell the two apart: upstream_pace.WALK_AFTER_BUSY)."""
+
+
 class UploadSlots:
     """How many weight transfers a peer serves at once: a learner's upload budget, a relay's share.
     None: no limit. A request over the limit waits a little for a slot (a chunk takes a fraction of

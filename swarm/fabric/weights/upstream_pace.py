@@ -33,7 +33,9 @@ busy answers per fetch, and at most PROBES probes per upstream are answered.
 The peer before the upstream may be slow too: a slow uplink right before a slow download holds the
 chunks far ahead of it, but sends them as slowly. Probes that find it so (WALK_RATIO, WALK_AFTER)
 go one peer further up (at the top, to the learner), and passing over then passes every peer
-between: the peers after a slow download behind a slow uplink had fetched at their pace.
+between: the peers after a slow download behind a slow uplink had fetched at their pace. So do
+probes the peer before keeps answering busy (WALK_AFTER_BUSY: two slow downloads side by side),
+until an answer finds the upstream keeping up.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from collections import Counter, deque
 
 from swarm.fabric.weights.chunks import answer_limit
 from swarm.fabric.weights.delta import CorruptVersion
-from swarm.fabric.weights.upload_slots import HolderBusy
+from swarm.fabric.weights.upload_slots import HolderBusy, NotHeldYet
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,18 @@ WALK_RATIO = 1.5
 # doubles the chunks before the next probe (up to BUSY_BACKOFF times), which keeps them few on equal links
 PROBES = 5
 BUSY_BACKOFF = 3
+# busy answers in a row from the peer probed for not holding the chunk yet (NotHeldYet: one out of
+# upload slots, which a slow requester's transfers hold, says nothing of how far ahead it is: counted
+# so, the peer after a slow download walked up past a healthy head to the learner on loopback, and
+# passed both over), after which the probes ask the one before it. Two slow
+# downloads side by side: the second one's download is as slow as its upstream's, so it never passes
+# the first (its probes come at its own pace), and the peer after both finds the first no further
+# ahead than the second: answered busy at every probe, it fetched at their pace to the end. Walking
+# up, it reaches a peer far ahead (at the top, the learner) that passes both over. On equal links the
+# probes walk up too (every peer before is a chunk or two ahead, and busy), so the first answer there
+# that finds the upstream no slower settles it: the probes step back down and walk no more on busy
+# answers (each chunk a walked probe takes from the learner is one more it sends)
+WALK_AFTER_BUSY = 2
 # probes in a row that must each find the upstream slow, its throughput reckoned afresh for each
 # (over the chunks since the one before): a peer held up behind a slow hop that was then passed over
 # catches up at once, and one probe timed while it still lagged had the peer after it pass it over
@@ -100,6 +114,9 @@ class UpstreamPace:
         self._further: Counter[str] = Counter()  # peers beyond the one before each upstream its probes skip
         self._sent_slowly: Counter[str] = Counter()  # probes in a row whose peer sent too slowly to pass the upstream
         self._busy_in_a_row: Counter[str] = Counter()  # probes in a row answered busy
+        self._busy_here: Counter[str] = Counter()  # ... by the peer probed now (since the last walk up)
+        self._walked_on_busy: Counter[str] = Counter()  # peers walked past on busy answers
+        self._settled: set[str] = set()  # upstreams whose probes walk no more on busy answers
         self._probing = False
         self._lock = threading.Lock()
 
@@ -155,18 +172,29 @@ class UpstreamPace:
                 self._sent_slowly[upstream] = 0
                 self._further[upstream] += 1
 
-    def end_probe(self, upstream: str, slow: bool, *, busy: bool = False) -> bool:
+    def end_probe(self, upstream: str, slow: bool, *, busy: bool = False, unheld: bool = False) -> bool:
         """A probe of the peer before `upstream` ended, finding `upstream` `slow` or not (`busy`: the
-        peer before answered busy, which is not counted against PROBES): whether PASSES probes in a
-        row found it slow (pass it over)."""
+        peer before answered busy, which is not counted against PROBES; `unheld`: busy for not holding
+        the chunk yet, not for want of upload slots): whether PASSES probes in a row found it slow
+        (pass it over)."""
         with self._lock:
             self._probing = False
             self._slow_in_a_row[upstream] = self._slow_in_a_row[upstream] + 1 if slow else 0
             if busy:
                 self._probes[upstream] -= 1
                 self._busy_in_a_row[upstream] += 1
+                self._busy_here[upstream] += unheld
+                if self._busy_here[upstream] >= WALK_AFTER_BUSY and upstream not in self._settled:
+                    self._busy_here[upstream] = 0
+                    self._walked_on_busy[upstream] += 1
+                    self._further[upstream] += 1
+                    self._busy_in_a_row[upstream] = 1  # (the peer walked to is asked sooner)
             else:
-                self._busy_in_a_row[upstream] = 0
+                self._busy_in_a_row[upstream] = self._busy_here[upstream] = 0
+                if not slow and self._walked_on_busy[upstream]:  # the upstream keeps up with that peer too: settled
+                    self._further[upstream] -= self._walked_on_busy[upstream]
+                    self._walked_on_busy[upstream] = 0
+                    self._settled.add(upstream)
             return self._slow_in_a_row[upstream] >= PASSES
 
 
@@ -213,7 +241,7 @@ class PassingOver:
         throughput = self.pace.start_probe(upstream) if before is not None else None
         if throughput is None:
             return
-        ok, rate, index, passing, busy = False, 0.0, None, False, False
+        ok, rate, index, passing, busy, unheld = False, 0.0, None, False, False, False
         try:
             with self._cond:
                 queued = [i for i in self._from_owners if not self.partial.have[i]]
@@ -237,7 +265,7 @@ class PassingOver:
             except CorruptVersion as exc:
                 self._strike(before, exc)
             except HolderBusy as exc:  # it does not hold the chunk yet (or has no slot): the upstream keeps up
-                busy = True
+                busy, unheld = True, isinstance(exc, NotHeldYet)
                 logger.debug("probe of %s for chunk %d: busy (%s)", before, index, exc)
             except Exception as exc:  # noqa: BLE001  a probe that fails or runs out of time says nothing against anyone
                 logger.debug("probe of %s for chunk %d failed: %s: %s", before, index, type(exc).__name__, exc)
@@ -245,7 +273,7 @@ class PassingOver:
                 rate = probe_rate(size, started, ended, *(first[0] if first else (started, 0)))
         finally:
             slow = ok and rate >= PASS_RATIO * throughput
-            passing = self.pace.end_probe(upstream, slow, busy=busy)
+            passing = self.pace.end_probe(upstream, slow, busy=busy, unheld=unheld)
             if ok and rate < WALK_RATIO * throughput and before != above[-1]:
                 # it held the chunk far ahead but sent it as slowly as the upstream: its uplink is a slow
                 # hop too, and the chain's peer before it may be far faster (a slow download right

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from swarm.fabric.weights import upstream_pace
-from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBES, UpstreamPace
+from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBES, WALK_AFTER_BUSY, UpstreamPace
 from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.upload_slots import UploadSlots
 from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
@@ -50,11 +50,12 @@ def throttled(client, bytes_s: float) -> None:
     client.piece = slow_piece
 
 
-def chain_of_four(make_fabric, slow_place: int | None):
+def chain_of_four(make_fabric, slow_place: int | tuple[int, ...] | None, chunk: int = CHUNK):
     """Four sharers fetching a snapshot along one chain (sorted by peer id), the one at `slow_place`
-    behind a slow download: (fetches in chain order, finish times, payloads, the learner's bytes served, size)."""
+    (or each of several) behind a slow download: (fetches in chain order, finish times, the
+    learner's bytes served, size)."""
     learner, store, _ = learner_with_a_snapshot(make_fabric)
-    store.book.chunk_bytes = CHUNK
+    store.book.chunk_bytes = chunk
     spec = next(s for s in store.chunk_specs(0) if s.kind == "snapshot")
     server = learner.weight_server(store)
     peers = sorted((make_fabric() for _ in range(4)), key=lambda peer: peer.peer_id)
@@ -62,8 +63,8 @@ def chain_of_four(make_fabric, slow_place: int | None):
     stores = [VersionStore() for _ in peers]
     servers = [peer.weight_server(s) for peer, s in zip(peers, stores)]
     fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers) for peer, s in zip(peers, stores)]
-    if slow_place is not None:
-        throttled(fetches[slow_place].client, SLOW_BYTES_S)
+    for place in (slow_place,) if isinstance(slow_place, int) else slow_place or ():
+        throttled(fetches[place].client, SLOW_BYTES_S)
     done, payloads = {}, {}
 
     def run(fetch):
@@ -121,6 +122,21 @@ def test_the_peer_after_a_slow_one_passes_it_over_and_the_peer_after_that_keeps_
 
 
 @pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
+def test_the_peer_after_two_slow_downloads_side_by_side_walks_up_past_their_busy_answers_and_passes_both(make_fabric):
+    """The second slow one never passes the first (its own download is as slow), so the last peer's
+    upstream is slow and the peer before it no further ahead: every probe was answered busy, and it
+    fetched at their pace to the end. Walking up on busy answers, it reaches the head, far ahead."""
+    fetches, finished, served, size = chain_of_four(make_fabric, slow_place=(1, 2), chunk=CHUNK // 2)
+    head, first, second, last = fetches
+    print("finished after " + ", ".join(f"{t:.2f}" for t in finished.values()) + " s")
+    assert last.passed_over == {first.me, second.me} and last.upstream() == head.me, [f.passed_over for f in fetches]
+    assert not head.passed_over
+    assert sum(n for peer, n in last.received.items() if peer == head.me) > 0.4 * size, last.received
+    assert finished[last.me] < 0.75 * min(finished[first.me], finished[second.me]), finished
+    assert served < 1.3 * size, f"the learner sent {served / size:.2f} copies"
+
+
+@pytest.mark.parametrize("make_fabric", ["grpc"], indirect=True)
 def test_on_equal_links_no_upstream_is_passed_over(make_fabric):
     fetches, _, served, size = chain_of_four(make_fabric, slow_place=None)
     assert not any(f.passed_over for f in fetches)
@@ -175,6 +191,47 @@ def test_probes_in_a_row_that_find_an_upstream_slow_pass_it_over_and_busy_answer
         assert probe(again) is not None
         again.end_probe("up", False)
     assert probe(again, 4 * PROBE_AFTER_CHUNKS) is None  # PROBES probes answered: no more
+
+
+def test_busy_answers_in_a_row_walk_the_probes_up_until_an_answer_finds_the_upstream_keeping_up(monkeypatch):
+    """Two slow downloads side by side: the peer before the upstream answers every probe busy, not
+    holding the chunk. After WALK_AFTER_BUSY such answers in a row the probes ask the peer before it;
+    one there that finds the upstream slow stays there (to pass both over), one that finds it keeping
+    up (equal links) steps the probes back down, and busy answers walk them no more. Busy answers for
+    want of upload slots (a slow requester holds them) never walk them."""
+    monkeypatch.setattr(upstream_pace, "PROBE_MIN_S", 0.02)
+    spaced = 16 * PROBE_AFTER_CHUNKS  # past any spacing after busy answers
+
+    def probe(pace) -> bool:
+        for _ in range(spaced):
+            time.sleep(0.002)
+            pace.arrived("up", 1000)
+        return pace.start_probe("up") is not None
+
+    def walked(pace) -> None:
+        for _ in range(WALK_AFTER_BUSY):
+            assert pace.further("up") == 0 and probe(pace)
+            pace.end_probe("up", False, busy=True, unheld=True)
+        assert pace.further("up") == 1
+
+    out_of_slots = UpstreamPace()
+    for _ in range(2 * WALK_AFTER_BUSY):
+        assert probe(out_of_slots)
+        out_of_slots.end_probe("up", False, busy=True)
+    assert out_of_slots.further("up") == 0
+
+    healthy = UpstreamPace()
+    walked(healthy)
+    assert probe(healthy) and not healthy.end_probe("up", False)  # answered there: the upstream keeps up
+    assert healthy.further("up") == 0
+    for _ in range(2 * WALK_AFTER_BUSY):  # settled: busy answers are spaced out, and walk no more
+        assert probe(healthy)
+        healthy.end_probe("up", False, busy=True, unheld=True)
+    assert healthy.further("up") == 0
+    slow = UpstreamPace()
+    walked(slow)
+    assert probe(slow) and not slow.end_probe("up", True)
+    assert probe(slow) and slow.end_probe("up", True) and slow.further("up") == 1  # passed over from there
 
 
 class ScriptedChain:
