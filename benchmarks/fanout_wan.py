@@ -82,6 +82,9 @@ SLOW_PLACE = int(os.environ["GEPO_FANOUT_SLOW_PLACE"]) if os.environ.get("GEPO_F
 # GEPO_FANOUT_SLOW_DOWN_MBIT=R (with a slow link above): one more sampler, the next one after the slow
 # one in start order, downloads at R Mbit/s (its upload at RATE_MBIT): a slow uplink behind a slow download
 SLOW_DOWN_MBIT = float(os.environ.get("GEPO_FANOUT_SLOW_DOWN_MBIT", "0")) or None
+# GEPO_FANOUT_SLOW_DOWN_PLACES=K,L (with GEPO_FANOUT_SLOW_DOWN_MBIT, and no other slow link needed): the
+# samplers at these places by peer id download at that rate instead (two side by side in a snapshot's chain)
+SLOW_DOWN_PLACES = [int(p) for p in os.environ.get("GEPO_FANOUT_SLOW_DOWN_PLACES", "").split(",") if p.strip()]
 # GEPO_FANOUT_EQUAL_TOO=1 (with a slow link): each run with the slow link follows one with every link
 # at RATE_MBIT, in the same process: the slow link's cost as a ratio to the same hour's equal links
 EQUAL_TOO = os.environ.get("GEPO_FANOUT_EQUAL_TOO") == "1"
@@ -259,7 +262,7 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
     slow_mbit = SLOW_MBIT if slow else None
     slow_up_mbit = SLOW_UP_MBIT if slow else None
     with Wan() as wan:
-        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}-{'slow' if slow_mbit or slow_up_mbit else 'equal'}")
+        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}-{'slow' if slow_mbit or slow_up_mbit or (slow and SLOW_DOWN_PLACES) else 'equal'}")
         links = cpu = processes = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
@@ -295,11 +298,17 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
             row["slow_position"] = sorted(ids).index(ids[slow_one])  # its place by peer id (a snapshot's chain order)
             slow_dirs = dirs[slow_one:slow_one + 1]
             slow_down_dirs = []
-            if SLOW_DOWN_MBIT and (slow_mbit or slow_up_mbit) and receivers > 2:
-                slow_down = (slow_one + 1) % receivers
-                wan.shape(f"r{slow_down}", SLOW_DOWN_MBIT, upload=False)
-                slow_down_dirs = [dirs[slow_down]]
-                row["slow_down_position"] = sorted(ids).index(ids[slow_down])
+            if SLOW_DOWN_MBIT and slow and receivers > 2 and (SLOW_DOWN_PLACES or slow_mbit or slow_up_mbit):
+                picks = ([ids.index(sorted(ids)[min(p, receivers - 1)]) for p in SLOW_DOWN_PLACES] if SLOW_DOWN_PLACES
+                         else [(slow_one + 1) % receivers])
+                for slow_down in picks:
+                    wan.shape(f"r{slow_down}", SLOW_DOWN_MBIT, upload=False)
+                slow_down_dirs = [dirs[i] for i in picks]
+                row["slow_down_position"] = [sorted(ids).index(ids[i]) for i in picks]
+                if SLOW_DOWN_PLACES:
+                    row["links"] = "slow"
+            if not (slow_mbit or slow_up_mbit):
+                slow_dirs = []
             fast_dirs = [d for d in dirs if d not in slow_dirs + slow_down_dirs]
             links = LinkUse(wan) if LINKS else None
             cpu = CpuUse()
@@ -321,7 +330,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
                     figures["slow_payload_s"] = arrival_times(slow_dirs, version, at, payload=True)[0]
                     figures["fast_payload_s"] = max(arrival_times(fast_dirs, version, at, payload=True))
                 if slow_down_dirs:
-                    figures["slow_down_payload_s"] = arrival_times(slow_down_dirs, version, at, payload=True)[0]
+                    figures["slow_down_payload_s"] = max(arrival_times(slow_down_dirs, version, at, payload=True))
+                    figures["fast_payload_s"] = max(arrival_times(fast_dirs, version, at, payload=True))
                 figures["payload_cpu_percent"] = cpu.percent(at, at + figures["payload_s"])
                 # what the cores did while the payload went out: CPU seconds, all and by process kind
                 figures["payload_cpu_s"] = cpu.busy_seconds(at, at + figures["payload_s"])
@@ -403,7 +413,7 @@ def run() -> dict:
     with (nullcontext(os.environ["GEPO_FANOUT_KEEP"]) if os.environ.get("GEPO_FANOUT_KEEP") else TemporaryDirectory()) as tmp:
         for strategy in strategies:
             for n in [int(x) for x in os.environ.get("GEPO_FANOUT_RECEIVERS", ",".join(map(str, RECEIVERS))).split(",")]:
-                for slow in ([False, True] if EQUAL_TOO and (SLOW_MBIT or SLOW_UP_MBIT) else [True]):
+                for slow in ([False, True] if EQUAL_TOO and (SLOW_MBIT or SLOW_UP_MBIT or SLOW_DOWN_PLACES) else [True]):
                     started = time.time()
                     rows.append(fan_out(strategy, n, megabytes, transport, Path(tmp), slow=slow))
                     r = rows[-1]
@@ -426,12 +436,13 @@ def run() -> dict:
         ("" if RATE_MBIT == 100 else f"_{RATE_MBIT:g}mbit") + ("" if DELTAS == 1 else f"_{DELTAS}deltas") + \
         ("" if not SLOW_MBIT else f"_slow{SLOW_MBIT:g}mbit") + ("" if not SLOW_UP_MBIT else f"_slowup{SLOW_UP_MBIT:g}mbit") + \
         ("" if SLOW_PLACE is None else f"_place{SLOW_PLACE}") + ("" if not SLOW_DOWN_MBIT else f"_slowdown{SLOW_DOWN_MBIT:g}mbit") + \
+        ("" if not SLOW_DOWN_PLACES else "_at" + "_".join(map(str, SLOW_DOWN_PLACES))) + \
         ("_vs_equal" if EQUAL_TOO else "") + \
         ("" if set(strategies) <= set(DEFAULT_STRATEGIES) else "_" + "_".join(strategies)) + \
         (f"_{os.environ['GEPO_FANOUT_TAG']}" if os.environ.get("GEPO_FANOUT_TAG") else "")  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
     figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_place": SLOW_PLACE, "busy_machine": busy_note(), "slow_up_mbit": SLOW_UP_MBIT,
-               "slow_down_mbit": SLOW_DOWN_MBIT, "megabytes": megabytes, "transport": transport,
+               "slow_down_mbit": SLOW_DOWN_MBIT, "slow_down_places": SLOW_DOWN_PLACES, "megabytes": megabytes, "transport": transport,
                "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"
@@ -496,6 +507,16 @@ def run() -> dict:
                                 [[r["strategy"], r["receivers"], r["slow_down_position"],
                                   ", ".join(f"{x:.2f}" for x in r.get("delta_slow_down_payload_s_each", [])),
                                   ", ".join(f"{x:.2f}" for x in r.get("delta_slow_payload_s_each", []))] for r in downs]))
+    apart = [r for r in rows if SLOW_DOWN_PLACES and "snapshot_slow_down_payload_s" in r]
+    if apart:
+        md += (f"\n\nSlow downloads alone: the samplers at places {', '.join(map(str, SLOW_DOWN_PLACES))} by peer id download at "
+               f"{SLOW_DOWN_MBIT:g} Mbit/s (their uploads, and every other link, at {RATE_MBIT:g}). Payload seconds, the "
+               "last of each kind:\n\n" + markdown_table(
+                   ["strategy", "samplers", "their places", "snapshot: slow ones s", "the others s", "learner copies",
+                    "delta: slow ones s", "the others s"],
+                   [[r["strategy"], r["receivers"], ", ".join(map(str, r["slow_down_position"])),
+                     r["snapshot_slow_down_payload_s"], r["snapshot_fast_payload_s"], r["snapshot_learner_copies"],
+                     r.get("delta_slow_down_payload_s"), r.get("delta_fast_payload_s")] for r in apart]))
     if DELTAS > 1:
         md += "\n\nEach delta's payload seconds, in the order published:\n\n" + markdown_table(
             ["strategy", "samplers", "payload s, each delta"],
