@@ -34,8 +34,9 @@ The peer before the upstream may be slow too: a slow uplink right before a slow 
 chunks far ahead of it, but sends them as slowly. Probes that find it so (WALK_RATIO, WALK_AFTER)
 go one peer further up (at the top, to the learner), and passing over then passes every peer
 between: the peers after a slow download behind a slow uplink had fetched at their pace. So do
-probes the peer before keeps answering busy (WALK_AFTER_BUSY: two slow downloads side by side),
-until an answer finds the upstream keeping up.
+probes that settle nothing, busy for not holding the chunk or sending it neither fast enough to pass
+the upstream nor as slowly (WALK_AFTER_UNSURE: two slow downloads side by side), until an answer
+finds the upstream keeping up.
 """
 
 from __future__ import annotations
@@ -72,18 +73,21 @@ WALK_RATIO = 1.5
 # doubles the chunks before the next probe (up to BUSY_BACKOFF times), which keeps them few on equal links
 PROBES = 5
 BUSY_BACKOFF = 3
-# busy answers in a row from the peer probed for not holding the chunk yet (NotHeldYet: one out of
-# upload slots, which a slow requester's transfers hold, says nothing of how far ahead it is: counted
-# so, the peer after a slow download walked up past a healthy head to the learner on loopback, and
-# passed both over), after which the probes ask the one before it. Two slow
-# downloads side by side: the second one's download is as slow as its upstream's, so it never passes
-# the first (its probes come at its own pace), and the peer after both finds the first no further
-# ahead than the second: answered busy at every probe, it fetched at their pace to the end. Walking
-# up, it reaches a peer far ahead (at the top, the learner) that passes both over. On equal links the
-# probes walk up too (every peer before is a chunk or two ahead, and busy), so the first answer there
-# that finds the upstream no slower settles it: the probes step back down and walk no more on busy
-# answers (each chunk a walked probe takes from the learner is one more it sends)
-WALK_AFTER_BUSY = 2
+# probes of the peer before the upstream that settle nothing, after which the probes ask the one
+# before it. Two slow downloads side by side: the second one's download is as slow as its
+# upstream's, so it never passes the first (its probes come at its own pace), and the peer after both
+# finds the first no further ahead than the second, or sending what it holds (its uplink shared with
+# the second's requests) at 2-3.6 MB/s against the upstream's 1.2-2.0: answered busy, or between
+# WALK_RATIO and PASS_RATIO, or not in time, it fetched at their pace to the end (benchmarks/fanout_wan.py,
+# GEPO_FANOUT_SLOW_DOWN_PLACES=2,3: the others 50.5 s, the slow ones 50.2). Such probes (`unsure`)
+# walk up; one further up that is far ahead passes both over. Busy answers for want of upload slots
+# are not unsure (NotHeldYet tells them apart: one that holds no slot, which a slow requester's
+# transfers hold, may be far ahead; counted, the peer after a slow download walked up past a healthy
+# head on loopback and passed both over). On equal links the probes walk up too (every peer before is
+# a chunk or two ahead, and busy), so the first answer that finds the upstream keeping up (under
+# WALK_RATIO) settles it: the probes step back down and walk no more on unsure probes (each chunk a
+# walked probe takes from the learner is one more it sends)
+WALK_AFTER_UNSURE = 3
 # probes in a row that must each find the upstream slow, its throughput reckoned afresh for each
 # (over the chunks since the one before): a peer held up behind a slow hop that was then passed over
 # catches up at once, and one probe timed while it still lagged had the peer after it pass it over
@@ -108,27 +112,38 @@ class UpstreamPace:
 
     def __init__(self) -> None:
         self._arrivals: dict[str, deque[tuple[float, int]]] = {}
+        self._steady: dict[str, deque[tuple[float, int]]] = {}  # the same, never cut at a probe
         self._probes: Counter[str] = Counter()
         self._since_probe: Counter[str] = Counter()
         self._slow_in_a_row: Counter[str] = Counter()
         self._further: Counter[str] = Counter()  # peers beyond the one before each upstream its probes skip
         self._sent_slowly: Counter[str] = Counter()  # probes in a row whose peer sent too slowly to pass the upstream
         self._busy_in_a_row: Counter[str] = Counter()  # probes in a row answered busy
-        self._busy_here: Counter[str] = Counter()  # ... by the peer probed now (since the last walk up)
-        self._walked_on_busy: Counter[str] = Counter()  # peers walked past on busy answers
-        self._settled: set[str] = set()  # upstreams whose probes walk no more on busy answers
+        self._unsure_here: Counter[str] = Counter()  # probes that settled nothing since the last walk up
+        self._walked_unsure: Counter[str] = Counter()  # peers walked past for such probes
+        self._settled: set[str] = set()  # upstreams whose probes walk no more for them
         self._probing = False
         self._lock = threading.Lock()
 
     def arrived(self, upstream: str, size: int) -> None:
         """A chunk of `size` bytes from `upstream` was kept."""
         with self._lock:
-            self._arrivals.setdefault(upstream, deque(maxlen=WINDOW)).append((time.monotonic(), size))
+            now = time.monotonic()
+            self._arrivals.setdefault(upstream, deque(maxlen=WINDOW)).append((now, size))
+            self._steady.setdefault(upstream, deque(maxlen=WINDOW)).append((now, size))
             self._since_probe[upstream] += 1
 
-    def _throughput(self, upstream: str) -> float | None:
+    def steady(self, upstream: str) -> float | None:
+        """Bytes per second from `upstream` over its last WINDOW chunks, whenever probed (None: too
+        few): what a probe that may settle the walk is held against. Over the chunks since the last
+        probe alone, a slow download that had a few chunks in hand passed them on at its uplink's
+        pace (8.2 MB/s behind a 20 Mbit/s line), and a walked probe found it keeping up."""
+        with self._lock:
+            return self._throughput(upstream, self._steady)
+
+    def _throughput(self, upstream: str, kept: dict | None = None) -> float | None:
         """Bytes per second from `upstream` over its latest chunks (None: too few, or too short a spell)."""
-        arrivals = self._arrivals.get(upstream)
+        arrivals = (self._arrivals if kept is None else kept).get(upstream)
         if arrivals is None or len(arrivals) < PROBE_AFTER_CHUNKS + 1:
             return None
         span = arrivals[-1][0] - arrivals[0][0]
@@ -172,29 +187,34 @@ class UpstreamPace:
                 self._sent_slowly[upstream] = 0
                 self._further[upstream] += 1
 
-    def end_probe(self, upstream: str, slow: bool, *, busy: bool = False, unheld: bool = False) -> bool:
+    def end_probe(self, upstream: str, slow: bool, *, busy: bool = False, unsure: bool = False,
+                  kept_up: bool = False) -> bool:
         """A probe of the peer before `upstream` ended, finding `upstream` `slow` or not (`busy`: the
-        peer before answered busy, which is not counted against PROBES; `unheld`: busy for not holding
-        the chunk yet, not for want of upload slots): whether PASSES probes in a row found it slow
-        (pass it over)."""
+        peer before answered busy, which is not counted against PROBES; `unsure`: it settled nothing,
+        WALK_AFTER_UNSURE; `kept_up`: the chunk came under WALK_RATIO times the upstream's steady
+        throughput): whether PASSES probes in a row found it slow (pass it over)."""
         with self._lock:
             self._probing = False
             self._slow_in_a_row[upstream] = self._slow_in_a_row[upstream] + 1 if slow else 0
             if busy:
                 self._probes[upstream] -= 1
                 self._busy_in_a_row[upstream] += 1
-                self._busy_here[upstream] += unheld
-                if self._busy_here[upstream] >= WALK_AFTER_BUSY and upstream not in self._settled:
-                    self._busy_here[upstream] = 0
-                    self._walked_on_busy[upstream] += 1
-                    self._further[upstream] += 1
-                    self._busy_in_a_row[upstream] = 1  # (the peer walked to is asked sooner)
             else:
-                self._busy_in_a_row[upstream] = self._busy_here[upstream] = 0
-                if not slow and self._walked_on_busy[upstream]:  # the upstream keeps up with that peer too: settled
-                    self._further[upstream] -= self._walked_on_busy[upstream]
-                    self._walked_on_busy[upstream] = 0
+                self._busy_in_a_row[upstream] = 0
+            if kept_up:
+                self._unsure_here[upstream] = 0
+                if self._walked_unsure[upstream]:  # the upstream keeps up with that peer too: settled
+                    self._further[upstream] -= self._walked_unsure[upstream]
+                    self._walked_unsure[upstream] = 0
                     self._settled.add(upstream)
+            elif unsure and upstream not in self._settled:
+                self._unsure_here[upstream] += 1
+                if self._unsure_here[upstream] >= WALK_AFTER_UNSURE:
+                    self._unsure_here[upstream] = 0
+                    self._walked_unsure[upstream] += 1
+                    self._further[upstream] += 1
+                    self._probes[upstream] = 0  # the peer walked to has PROBES of its own (PASSES need two)
+                    self._busy_in_a_row[upstream] = min(self._busy_in_a_row[upstream], 1)  # (the peer walked to is asked sooner)
             return self._slow_in_a_row[upstream] >= PASSES
 
 
@@ -273,7 +293,10 @@ class PassingOver:
                 rate = probe_rate(size, started, ended, *(first[0] if first else (started, 0)))
         finally:
             slow = ok and rate >= PASS_RATIO * throughput
-            passing = self.pace.end_probe(upstream, slow, busy=busy, unheld=unheld)
+            steady = self.pace.steady(upstream)
+            kept_up = ok and rate < WALK_RATIO * (steady if steady is not None else throughput)
+            passing = self.pace.end_probe(upstream, slow, busy=busy, kept_up=kept_up,
+                                          unsure=unheld or not (busy or slow or kept_up))
             if ok and rate < WALK_RATIO * throughput and before != above[-1]:
                 # it held the chunk far ahead but sent it as slowly as the upstream: its uplink is a slow
                 # hop too, and the chain's peer before it may be far faster (a slow download right

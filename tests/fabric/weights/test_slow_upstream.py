@@ -10,7 +10,7 @@ import time
 import pytest
 
 from swarm.fabric.weights import upstream_pace
-from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBES, WALK_AFTER_BUSY, UpstreamPace
+from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBES, WALK_AFTER_UNSURE, UpstreamPace
 from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.upload_slots import UploadSlots
 from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
@@ -126,13 +126,13 @@ def test_the_peer_after_two_slow_downloads_side_by_side_walks_up_past_their_busy
     """The second slow one never passes the first (its own download is as slow), so the last peer's
     upstream is slow and the peer before it no further ahead: every probe was answered busy, and it
     fetched at their pace to the end. Walking up on busy answers, it reaches the head, far ahead."""
-    fetches, finished, served, size = chain_of_four(make_fabric, slow_place=(1, 2), chunk=CHUNK // 2)
+    fetches, finished, served, size = chain_of_four(make_fabric, slow_place=(1, 2), chunk=CHUNK // 4)
     head, first, second, last = fetches
     print("finished after " + ", ".join(f"{t:.2f}" for t in finished.values()) + " s")
     assert last.passed_over == {first.me, second.me} and last.upstream() == head.me, [f.passed_over for f in fetches]
     assert not head.passed_over
     assert sum(n for peer, n in last.received.items() if peer == head.me) > 0.4 * size, last.received
-    assert finished[last.me] < 0.75 * min(finished[first.me], finished[second.me]), finished
+    assert finished[last.me] < 0.8 * min(finished[first.me], finished[second.me]), finished
     assert served < 1.3 * size, f"the learner sent {served / size:.2f} copies"
 
 
@@ -193,12 +193,14 @@ def test_probes_in_a_row_that_find_an_upstream_slow_pass_it_over_and_busy_answer
     assert probe(again, 4 * PROBE_AFTER_CHUNKS) is None  # PROBES probes answered: no more
 
 
-def test_busy_answers_in_a_row_walk_the_probes_up_until_an_answer_finds_the_upstream_keeping_up(monkeypatch):
-    """Two slow downloads side by side: the peer before the upstream answers every probe busy, not
-    holding the chunk. After WALK_AFTER_BUSY such answers in a row the probes ask the peer before it;
-    one there that finds the upstream slow stays there (to pass both over), one that finds it keeping
-    up (equal links) steps the probes back down, and busy answers walk them no more. Busy answers for
-    want of upload slots (a slow requester holds them) never walk them."""
+def test_probes_that_settle_nothing_walk_up_until_an_answer_finds_the_upstream_keeping_up(monkeypatch):
+    """Two slow downloads side by side: the peer before the upstream answers busy, not holding the
+    chunk, or sends it neither fast enough to pass the upstream over nor as slowly, or not in time
+    (`unsure`). After WALK_AFTER_UNSURE such probes the probes ask the peer before it; one there that
+    finds the upstream slow stays there (to pass both over), one that finds it keeping up (equal
+    links) steps the probes back down, and unsure probes walk them no more. A probe that finds the
+    upstream slow in between does not end the count. Busy answers for want of upload slots (a slow
+    requester holds them) are not unsure."""
     monkeypatch.setattr(upstream_pace, "PROBE_MIN_S", 0.02)
     spaced = 16 * PROBE_AFTER_CHUNKS  # past any spacing after busy answers
 
@@ -209,24 +211,26 @@ def test_busy_answers_in_a_row_walk_the_probes_up_until_an_answer_finds_the_upst
         return pace.start_probe("up") is not None
 
     def walked(pace) -> None:
-        for _ in range(WALK_AFTER_BUSY):
-            assert pace.further("up") == 0 and probe(pace)
-            pace.end_probe("up", False, busy=True, unheld=True)
-        assert pace.further("up") == 1
+        assert probe(pace) and not pace.end_probe("up", False, busy=True, unsure=True)  # not held yet
+        assert probe(pace) and not pace.end_probe("up", True)  # held, and sent far faster than the upstream
+        assert pace.further("up") == 0 and probe(pace)
+        pace.end_probe("up", False, unsure=True)  # sent 2x as fast, say
+        assert pace.further("up") == 0 and probe(pace)
+        pace.end_probe("up", False, unsure=True)  # or not in time
+        assert WALK_AFTER_UNSURE == 3 and pace.further("up") == 1
 
     out_of_slots = UpstreamPace()
-    for _ in range(2 * WALK_AFTER_BUSY):
+    for _ in range(2 * WALK_AFTER_UNSURE):
         assert probe(out_of_slots)
         out_of_slots.end_probe("up", False, busy=True)
     assert out_of_slots.further("up") == 0
-
     healthy = UpstreamPace()
     walked(healthy)
-    assert probe(healthy) and not healthy.end_probe("up", False)  # answered there: the upstream keeps up
+    assert probe(healthy) and not healthy.end_probe("up", False, kept_up=True)  # the upstream keeps up with it
     assert healthy.further("up") == 0
-    for _ in range(2 * WALK_AFTER_BUSY):  # settled: busy answers are spaced out, and walk no more
+    for _ in range(2 * WALK_AFTER_UNSURE):  # settled: busy answers are spaced out, and walk no more
         assert probe(healthy)
-        healthy.end_probe("up", False, busy=True, unheld=True)
+        healthy.end_probe("up", False, busy=True, unsure=True)
     assert healthy.further("up") == 0
     slow = UpstreamPace()
     walked(slow)
