@@ -137,6 +137,13 @@ def measure_format(label: str, codec, base: dict, new: dict, repeats: int, *, kn
         digest = codec.state_hash(base)
         row["encode_known_base"] = best(lambda: codec.encode_delta(base, new, base_version=0, version=1, base_hash=digest), repeats)
         row["apply_known_base"] = best(lambda: codec.apply_payload(payload, base, base_hash=digest), repeats)
+    if known_hash and codec.__name__ == "swarm.fabric.weights.delta":  # this codec: also the undo delta a store holds
+        from swarm.fabric.weights.undo import encode_undo
+
+        def undo():
+            return encode_undo(new, base, newer=1, newer_hash="", version=0, version_hash="")
+        row["undo_bytes"] = undo().nbytes
+        row["undo"] = best(undo, repeats)
     payload = b""  # (freed before the snapshot is made)
     weights = sum(t.numel() * t.element_size() for t in new.values())
     if snapshot:
@@ -242,6 +249,12 @@ def markdown(f: dict) -> str:
              for what, key in (("encode", "encode"), ("hash", "hash"), ("apply + checks", "apply"))]
             + [["delta bytes", f"{old['payload_bytes'] / new['payload_bytes']:.2f}x", ""]]))
         lines.append("")
+    undone = [r for r in rows if "undo" in r]
+    if undone:
+        lines.append("Undo delta (what a publisher also encodes for each version a store holds, never sent: "
+                     "swarm/fabric/weights/undo.py), " + "; ".join(f"{r['label'].split(', ')[-1]} {secs(r, 'undo')}"
+                                                                  for r in undone)
+                     + f"; {undone[-1]['undo_bytes'] / mb:.1f} MB.\n")
     lines.append(f"\nGoal (issue 44, a quiet machine): encode + hash at most {GOAL_S:.1f} s, apply with its checks at most "
                  f"{GOAL_S:.1f} s. Peak resident memory of the run: {f['peak_rss_bytes'] / 1e9:.1f} GB.\n")
     return "\n".join(lines)

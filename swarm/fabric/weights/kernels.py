@@ -260,3 +260,28 @@ def equal(a, b):
         if a[i] != b[i]:
             return False
     return True
+
+
+@_compiled
+def undo_streams(newer, older, is_float):
+    """undo._encode_tensor's two varint streams in two passes over the bits (the numpy path builds a
+    boolean array the size of the tensor, its changed indices, and temporaries of every change):
+    (the number of changed elements, the varints of the gaps between them, the varints of each one's
+    zigzag step from `newer` back to `older`)."""
+    n = newer.size
+    count = 0
+    for i in range(n):
+        if newer[i] != older[i]:
+            count += 1
+    top = np.uint64(newer.itemsize * 8 - 1)
+    mask = (np.uint64(1) << top) - np.uint64(1) + (np.uint64(1) << top)  # the width's ones
+    gaps = np.empty(count * 10, np.uint8)  # (a uint64 varint is at most 10 bytes)
+    steps = np.empty(count * 10, np.uint8)
+    g, s, last = 0, 0, -1
+    for i in range(n):
+        if newer[i] != older[i]:
+            g = _varint(gaps, g, np.uint64(i - last - 1))
+            last = i
+            d = (_ordered(np.uint64(older[i]), is_float, top) - _ordered(np.uint64(newer[i]), is_float, top)) & mask
+            s = _varint(steps, s, ((d << np.uint64(1)) ^ ((d >> top) * mask)) & mask)
+    return count, gaps[:g], steps[:s]

@@ -26,6 +26,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from swarm.fabric.weights import kernels
 from swarm.fabric.weights.delta import FLOATS, THREADS
 from swarm.fabric.weights.value_classes import ordered
 from swarm.fabric.weights.varints import unzigzag, varint_array, varint_decode, zigzag
@@ -73,10 +74,15 @@ def encode_undo(newer_state: Mapping[str, torch.Tensor], older_state: Mapping[st
 
 def _encode_tensor(name: str, newer: torch.Tensor, older: torch.Tensor) -> tuple[str, int, bytes, bytes] | None:
     new_bits, old_bits = _bits(newer.detach().contiguous().cpu()), _bits(older.detach().contiguous().cpu())
+    is_float = newer.dtype in FLOATS
+    if kernels.ENABLED:
+        count, gap_bytes, step_bytes = kernels.undo_streams(new_bits, old_bits, is_float)
+        if count == 0:
+            return None
+        return name, int(count), zlib.compress(gap_bytes, LEVEL), zlib.compress(step_bytes, LEVEL)
     where = np.flatnonzero(new_bits != old_bits)
     if where.size == 0:
         return None
-    is_float = newer.dtype in FLOATS
     steps = zigzag(ordered(old_bits[where], is_float) - ordered(new_bits[where], is_float))
     gap_bytes, _ = varint_array((np.diff(where, prepend=-1) - 1).astype(np.uint64))
     step_bytes, _ = varint_array(steps)

@@ -1,6 +1,7 @@
 """The weight-delta codec's compiled kernels (swarm/fabric/weights/kernels.py) against its numpy path:
-the same format 5 bytes for every dtype and bit pattern (NaN, infinities, +-0, subnormals), the same
-states on apply, the same refusals; without numba the numpy path runs; importing compiles nothing."""
+the same format 5 bytes (and undo deltas) for every dtype and bit pattern (NaN, infinities, +-0,
+subnormals), the same states on apply, the same refusals; without numba the numpy path runs;
+importing compiles nothing."""
 
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from swarm.fabric.weights import delta as wd
 from swarm.fabric.weights import kernels, state_bits, value_classes, varints
 from swarm.fabric.weights.delta import CorruptVersion, apply_payload, encode_delta
+from swarm.fabric.weights.undo import apply_chain, encode_undo
 
 pytestmark = pytest.mark.skipif(not kernels.ENABLED, reason="numba is a dependency: installed wherever the tests run")
 
@@ -93,6 +95,19 @@ def test_compiled_kernels_write_the_numpy_paths_bytes_for_any_bits(pair, chunk, 
     numpy_bytes, compiled_bytes = both_paths(monkeypatch, lambda: encode_delta(base, new, base_version=1, version=2))
     assert compiled_bytes == numpy_bytes
     assert_applies_alike(monkeypatch, compiled_bytes, base, new)
+
+
+@settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                                   HealthCheck.function_scoped_fixture])
+@given(pair=states())
+def test_the_compiled_undo_delta_is_the_numpy_paths_byte_for_byte_and_takes_a_version_back(pair, monkeypatch):
+    base, new = pair
+    numpy_undo, compiled_undo = both_paths(monkeypatch, lambda: encode_undo(new, base, newer=2, newer_hash="n", version=1,
+                                                                            version_hash="o"))
+    assert compiled_undo == numpy_undo
+    back = apply_chain(new, "n", [compiled_undo])
+    for name, t in base.items():
+        assert np.array_equal(wd._bits(back[name]), wd._bits(t)), name
 
 
 def test_a_few_megabyte_model_is_byte_identical_on_both_paths(monkeypatch):
