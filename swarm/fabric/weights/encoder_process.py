@@ -12,7 +12,7 @@ shared memory (`SharedState`: every tensor a view into it, aligned), and the blo
 child through torch.multiprocessing as a handle (one file descriptor, not 1.2 GB). The child keeps
 the last state it encoded (the base of the next delta: no copy) and sends back only the digest,
 the delta (~20 MB at 0.6B) and the undo delta (~24 MB), the latter two's bytes in a file in
-/dev/shm (`_carried`); the parent's VersionStore holds the same shared-memory tensors as the
+/dev/shm (payload_files.py); the parent's VersionStore holds the same shared-memory tensors as the
 version's whole state.
 
 A version's whole snapshot (what new samplers fetch in chunks: 4.5 s at Qwen3-0.6B shape on an
@@ -50,13 +50,13 @@ import torch
 import torch.multiprocessing  # noqa: F401  registers the reductions that send tensors as shared-memory handles
 
 from swarm.fabric.weights.delta import encode_delta, encode_snapshot, state_hash
+from swarm.fabric.weights.payload_files import carried, payload_path, received, remove, shared_memory_free, sweep_orphans
 from swarm.fabric.weights.undo import UndoDelta, encode_undo
 
 logger = logging.getLogger(__name__)
 
 ALIGN = 64  # bytes: every tensor's view starts on a cache line (and on its element size, as view(dtype) needs)
 STOP_WAIT_S = 10.0  # how long a child gets to finish and leave before it is killed
-SNAPSHOT_DIR = "/dev/shm"  # where the child leaves a snapshot's payload for the parent to read (a tmpfs: memory)
 
 
 class EncoderDied(RuntimeError):
@@ -121,15 +121,6 @@ class NoSharedMemory(RuntimeError):
     """/dev/shm has no room for a version (the publisher then encodes in its thread)."""
 
 
-def shared_memory_free(path: str = "/dev/shm") -> int | None:
-    """Bytes free in the shared-memory file system; None where it cannot be read."""
-    try:
-        stats = os.statvfs(path)
-    except OSError:
-        return None
-    return stats.f_bavail * stats.f_frsize
-
-
 def new_block(size: int, pool: "BlockPool | None" = None) -> torch.Tensor:
     """`size` bytes of shared memory (kept by `pool` for reuse, when given). NoSharedMemory where
     /dev/shm has less room: checked first, since a tmpfs takes a file larger than its room and the
@@ -147,7 +138,7 @@ def new_block(size: int, pool: "BlockPool | None" = None) -> torch.Tensor:
     del storage  # (the block alone holds it: the pool's count of a free block)
     if pool is not None:
         pool.keep(block)
-    return block
+    return block[:]  # (a view of its own: see BlockPool.take)
 
 
 def _use_count(block: torch.Tensor) -> int:
@@ -177,7 +168,12 @@ class BlockPool:
             for block, alone in self._blocks:
                 free = _use_count(block) == alone
                 if free and found is None and block.numel() == size:
-                    found = block
+                    # a view of its own, made under the lock: whoever holds the SharedState (a version
+                    # waiting, or being encoded by the child, which holds no count of it here) holds
+                    # the block. Handed out as the pool's own tensor, a block in use looked free once
+                    # its tensors' views were dropped, and the training thread's next copy_state cast
+                    # the next version into the block the child was still encoding
+                    found = block[:]
                 elif free and block.numel() != size:
                     continue  # another model's shapes: let go
                 kept.append((block, alone))
@@ -227,6 +223,7 @@ class EncoderProcess:
     Thread-safe: one job at a time, and `stop` waits for the job under way."""
 
     def __init__(self, *, nice: int = 0, idle: bool = False, name: str = "version-encoder") -> None:
+        sweep_orphans()
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe(duplex=True)
         self.process = context.Process(target=serve, args=(child_end, nice, idle), name=name, daemon=True)
@@ -252,7 +249,7 @@ class EncoderProcess:
                 raise EncoderDied("the encoding process was stopped")
             if base is not None and base_state is None and self.holds != base:
                 raise ValueError(f"the encoding process holds {self.holds}, not the base {base}: send the base state")
-            path = os.path.join(SNAPSHOT_DIR, f"gepo-delta-{os.getpid()}-{self.process.pid}-{version}")
+            path = payload_path("delta", self.process.pid, version)
             job = {"version": version, "block": state.block, "layout": state.layout, "base": base, "undo": undo,
                    "delay_s": delay_s, "base_state": None if base_state is None else (base_state.block, base_state.layout),
                    "path": path}
@@ -260,17 +257,18 @@ class EncoderProcess:
                 self._conn.send(job)
                 reply = self._reply(version)
             except (OSError, EOFError) as exc:  # a broken pipe: the child is gone
-                _remove(path)
+                remove(path)
                 raise self._died(version) from exc
             except EncoderDied:
-                _remove(path)
+                remove(path)
                 raise
             if reply[0] == "error":
+                remove(path)  # (written, perhaps, before the error)
                 _, exc, text = reply
                 logger.error("encoding version %d failed in the encoding process:\n%s", version, text)
                 raise exc
             _, digest, carried, seconds = reply
-            delta, undo_delta = _received(carried)
+            delta, undo_delta = received(carried)
             self.holds = (version, digest)
             return Encoded(digest, delta, undo_delta, seconds)
 
@@ -282,7 +280,7 @@ class EncoderProcess:
             if self._stopped:
                 raise EncoderDied("the encoding process was stopped")
             try:
-                path = os.path.join(SNAPSHOT_DIR, f"gepo-snapshot-{os.getpid()}-{self.process.pid}-{version}")
+                path = payload_path("snapshot", self.process.pid, version)
                 self._conn.send({"kind": "snapshot", "version": version, "block": state.block, "layout": state.layout,
                                  "path": path})
                 reply = self._reply(version)
@@ -296,7 +294,7 @@ class EncoderProcess:
                 with open(path, "rb") as f:
                     payload = f.read()
             finally:
-                _remove(path)
+                remove(path)
             if len(payload) != reply[2]:
                 raise EncoderError(f"the snapshot of version {version} came back as {len(payload)} bytes, not {reply[2]}")
             return payload
@@ -396,7 +394,7 @@ def serve(conn, nice: int, idle: bool = False) -> None:
                 if job["undo"]:
                     undo = encode_undo(state, held[2], newer=version, newer_hash=digest, version=base[0], version_hash=base[1])
             held = (version, digest, state)
-            reply = ("done", digest, _carried(job.get("path"), delta, undo), time.perf_counter() - started)
+            reply = ("done", digest, carried(job.get("path"), delta, undo), time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001  sent back, raised in the parent
             text = traceback.format_exc()
             reply = ("error", exc, text)
@@ -404,60 +402,10 @@ def serve(conn, nice: int, idle: bool = False) -> None:
             conn.send(reply)
         except (EOFError, OSError):  # the parent is gone: it will never read the file
             if reply[0] == "done" and reply[2][0] == "file":
-                _remove(reply[2][1])
+                remove(reply[2][1])
         except Exception as exc:  # noqa: BLE001  an exception that does not pickle (pickling fails before anything
             # is sent): sent as its text
             conn.send(("error", EncoderError(f"{type(reply[1]).__name__}: {reply[1]} ({exc})"), traceback.format_exc()))
-
-
-def _carried(path: str | None, delta: bytes | None, undo: UndoDelta | None) -> tuple:
-    """How the child hands a version's delta and undo delta back: their bytes written one after
-    another to `path` (a tmpfs), with what the parent needs to cut them apart; or, where that file
-    cannot be written (no room), the objects themselves, through the pipe. Through the pipe, the
-    parent's side took ~80 ms of a nice-10 thread per version at the mid-size model (~30 MB: 64 KiB
-    reads into a growing buffer, then unpickling copies the bytes again), CPU a CPU learner's step
-    wanted; from the file it is one read() per piece, the GIL released."""
-    blobs = ([] if delta is None else [delta]) + [b for _, _, gaps, steps in (undo.tensors if undo else ()) for b in (gaps, steps)]
-    if path is None or not blobs:
-        return ("inline", delta, undo)
-    try:
-        free = shared_memory_free(os.path.dirname(path))
-        if free is not None and free < sum(map(len, blobs)):
-            raise NoSharedMemory(f"no room for a delta in {os.path.dirname(path)}")
-        with open(path, "wb") as f:
-            for blob in blobs:
-                f.write(blob)
-    except (OSError, NoSharedMemory):
-        _remove(path)
-        return ("inline", delta, undo)
-    head = None if undo is None else (undo.version, undo.version_hash, undo.newer, undo.newer_hash,
-                                      tuple((name, count) for name, count, _, _ in undo.tensors))
-    return ("file", path, [len(b) for b in blobs], delta is not None, head)
-
-
-def _received(carried: tuple) -> tuple[bytes | None, UndoDelta | None]:
-    """The parent's side of `_carried`: the delta and the undo delta (the file removed)."""
-    if carried[0] == "inline":
-        return carried[1], carried[2]
-    _, path, lengths, has_delta, head = carried
-    try:
-        with open(path, "rb", buffering=0) as f:
-            blobs = [f.read(n) for n in lengths]
-    finally:
-        _remove(path)
-    if [len(b) for b in blobs] != lengths:
-        raise EncoderError(f"the encoding process's {path} holds {sum(map(len, blobs))} bytes, not {sum(lengths)}")
-    delta = blobs.pop(0) if has_delta else None
-    undo = None if head is None else UndoDelta(*head[:4], tuple((name, count, blobs[2 * i], blobs[2 * i + 1])
-                                                                for i, (name, count) in enumerate(head[4])))
-    return delta, undo
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _send_snapshot(conn, job: dict) -> None:
@@ -475,7 +423,7 @@ def _send_snapshot(conn, job: dict) -> None:
             f.write(payload)
         reply = ("snapshot", time.perf_counter() - started, len(payload))
     except BaseException as exc:  # noqa: BLE001  sent back, raised in the parent
-        _remove(path)
+        remove(path)
         reply = ("error", exc, traceback.format_exc())
     try:
         conn.send(reply)

@@ -276,7 +276,7 @@ def undo_streams(newer, older, is_float):
     top = np.uint64(newer.itemsize * 8 - 1)
     mask = (np.uint64(1) << top) - np.uint64(1) + (np.uint64(1) << top)  # the width's ones
     gaps = np.empty(count * 10, np.uint8)  # (a uint64 varint is at most 10 bytes)
-    steps = np.empty(count * 10, np.uint8)
+    steps = np.empty(count * ((newer.itemsize * 8 + 6) // 7), np.uint8)  # (a step is as wide as its element)
     g, s, last = 0, 0, -1
     for i in range(n):
         if newer[i] != older[i]:

@@ -295,8 +295,10 @@ class PassingOver:
             slow = ok and rate >= PASS_RATIO * throughput
             steady = self.pace.steady(upstream)
             kept_up = ok and rate < WALK_RATIO * (steady if steady is not None else throughput)
-            passing = self.pace.end_probe(upstream, slow, busy=busy, kept_up=kept_up,
-                                          unsure=unheld or not (busy or slow or kept_up))
+            # unsure: it settled nothing (none at the top of the chain: nobody is further up to walk to,
+            # and each walk gives the next peer PROBES of its own; none where no chunk was asked for)
+            unsure = index is not None and before != above[-1] and (unheld or not (busy or slow or kept_up))
+            passing = self.pace.end_probe(upstream, slow, busy=busy, kept_up=kept_up, unsure=unsure)
             if ok and rate < WALK_RATIO * throughput and before != above[-1]:
                 # it held the chunk far ahead but sent it as slowly as the upstream: its uplink is a slow
                 # hop too, and the chain's peer before it may be far faster (a slow download right

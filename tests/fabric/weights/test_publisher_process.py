@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from swarm.fabric.weights.delta import apply_payload_verified, encode_snapshot, state_hash
-from swarm.fabric.weights import encoder_process
+from swarm.fabric.weights import payload_files
 from swarm.fabric.weights.encoder_process import SharedTensors
 from swarm.fabric.weights.publisher import Publisher, PublisherFailed
 from swarm.fabric.weights.versions import VersionStore
@@ -213,7 +213,7 @@ def test_a_learners_weights_are_cast_straight_into_reused_shared_memory_and_publ
     the deltas and undo deltas come back through a file in /dev/shm that is removed once read, or,
     where the child cannot write it there, through the pipe: the same bytes either way."""
     if through == "pipe":  # the child is handed a path it cannot write
-        monkeypatch.setattr(encoder_process, "SNAPSHOT_DIR", "/nonexistent-gepo-dir")
+        monkeypatch.setattr(payload_files, "SNAPSHOT_DIR", "/nonexistent-gepo-dir")
     trained = [{k: v.float() for k, v in state.items()} for state in states(6, seed=11)]  # master weights
     store = VersionStore(capacity=8, whole_states=1)
     publisher = Publisher(store, on_published=lambda v, d: None, isolation="process")
@@ -239,6 +239,50 @@ def test_a_learners_weights_are_cast_straight_into_reused_shared_memory_and_publ
     assert store.hashes == reference.hashes and store.deltas == reference.deltas and store._undo == reference._undo
     assert publisher.blocks_reused >= 3  # each version cast into the block of one the store let go
     assert _leftover_files(*pids) == []
+
+
+def test_a_block_whose_version_waits_or_is_being_encoded_is_never_cast_into_again():
+    """copy_state takes shared memory from the pool on the training thread, while the child may still
+    be encoding an earlier version from another block and a third version waits: a block is held by
+    its SharedState alone (the views of it dropped), and never handed out again until let go. Handed
+    out as the pool's own tensor, the block being encoded looked free and the next version was cast
+    into it under the child (a torn digest and delta)."""
+    trained = [{k: v.float() for k, v in state.items()} for state in states(6, seed=13)]
+    store = VersionStore(capacity=8, whole_states=1)
+    publisher = Publisher(store, on_published=lambda v, d: None, isolation="process", encode_delay_s=0.4)
+    blocks = {}
+    try:
+        publisher.publish_now(0, publisher.copy_state(trained[0], torch.bfloat16))
+        for version in range(1, 6):  # steps faster than the encoding: versions wait, and are skipped
+            state = publisher.copy_state(trained[version], torch.bfloat16)
+            blocks[version] = state.shared.block.data_ptr()
+            publisher.submit(version, state)
+            del state  # as Learner.publish leaves it: only the publisher holds the version now
+            time.sleep(0.05)
+        assert publisher.wait(timeout=60)
+    finally:
+        publisher.close()
+    assert blocks[2] != blocks[1]  # version 1 was being encoded when version 2 was cast
+    assert publisher.skipped and store.latest == 5
+    for version in store.hashes:  # each what was trained, bit for bit
+        assert store.hashes[version] == state_hash({k: v.to(torch.bfloat16) for k, v in trained[version].items()}), version
+        assert state_hash(store.states[version]) == store.hashes[version], version
+
+
+def test_payload_files_a_killed_learner_left_are_removed_by_the_next_encoding_process():
+    gone_learner = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_learner.wait(timeout=30)
+    left = Path(payload_files.SNAPSHOT_DIR) / f"gepo-delta-{gone_learner.pid}-1-7"
+    ours = Path(payload_files.payload_path("snapshot", 1, 7))  # this learner's, still to be read
+    left.write_bytes(b"x" * 1000)
+    ours.write_bytes(b"y")
+    try:
+        publisher = Publisher(VersionStore(capacity=4, whole_states=1), on_published=lambda v, d: None, isolation="process")
+        publisher.close()
+        assert not left.exists() and ours.exists()
+    finally:
+        for path in (left, ours):
+            path.unlink(missing_ok=True)
 
 
 SMALL_SHM_SCRIPT = """
