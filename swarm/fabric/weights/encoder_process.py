@@ -150,10 +150,11 @@ class BlockPool:
     free again once the store stopped holding it whole (and the child, which reads only its base and
     the version it encodes, moved on before the store did). Fresh shared memory costs a page fault
     per 4 KiB page on its first write (1.2 GB: ~300,000, with the kernel zeroing each), every
-    version; a reused block costs only the copy. `most`: blocks kept (a learner has two or three in
-    use: the newest whole state, the version being encoded, one a verifier is reading)."""
+    version; a reused block costs only the copy. `most`: blocks kept (a learner has up to four in
+    use: the newest whole state, the version being encoded, the one waiting, and the next being
+    cast by copy_state; one more for a verifier reading an older one)."""
 
-    def __init__(self, most: int = 4) -> None:
+    def __init__(self, most: int = 5) -> None:
         self.most = most
         self._blocks: list[tuple[torch.Tensor, int]] = []  # (block, its use count when only the pool holds it)
         self._lock = threading.Lock()
