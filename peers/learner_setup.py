@@ -25,7 +25,7 @@ def publish_isolation(setting: str, device, state_bytes: int) -> tuple[str, bool
     training thread needs the GIL for its kernel launches: 1.99 s steps instead of 1.19 s on an H100
     with the codec in a thread), and for a CPU learner publishing `state_bytes` of at least
     PROCESS_MIN_BYTES, at idle priority (its training keeps every core busy: on the mid-size model
-    0.944-1.006x of the steps/s with publishing off, against 0.79-0.87x in a thread); else the
+    0.944-1.053x of the steps/s with publishing off, against 0.79-0.91x in a thread); else the
     learner's thread."""
     cuda = str(device).startswith("cuda")
     if setting == "auto":

@@ -44,7 +44,7 @@ leaves it. What was left was the learner's own share: a fresh host copy of each 
 fault per page) copied again into shared memory by this thread, and the delta and undo delta
 unpickled from the pipe, 0.17 CPU seconds a version; with the version cast straight into reused
 shared memory (`copy_state`) and the deltas read from a file (payload_files.py), 0.08,
-and the steps ran at 0.944-1.006x of off (four runs), half the versions skipped. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
+and the steps ran at 0.944-1.053x of off (six runs, median 0.989x), half the versions skipped. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
 off its core would stall the training thread that waits for the GIL.
 """
 
