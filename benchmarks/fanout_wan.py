@@ -262,7 +262,8 @@ def fan_out(strategy: str, receivers: int, megabytes: float, transport: str, roo
     slow_mbit = SLOW_MBIT if slow else None
     slow_up_mbit = SLOW_UP_MBIT if slow else None
     with Wan() as wan:
-        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}-{'slow' if slow_mbit or slow_up_mbit or (slow and SLOW_DOWN_PLACES) else 'equal'}")
+        slowed = slow_mbit or slow_up_mbit or (slow and SLOW_DOWN_PLACES)
+        swarm = WanSwarm(wan, root / f"{strategy}-{receivers}-{'slow' if slowed else 'equal'}")
         links = cpu = processes = None
         try:
             boot = swarm.spawn(wan.host("boot"), "bootstrap", ["bootstrap", "--transport", transport, "--run-id", "fanout"])
@@ -442,7 +443,8 @@ def run() -> dict:
         (f"_{os.environ['GEPO_FANOUT_TAG']}" if os.environ.get("GEPO_FANOUT_TAG") else "")  # (a baseline's own file)
     plot(rows, RESULTS / f"{name}.png")
     figures = {"rate_mbit": RATE_MBIT, "slow_mbit": SLOW_MBIT, "slow_place": SLOW_PLACE, "busy_machine": busy_note(), "slow_up_mbit": SLOW_UP_MBIT,
-               "slow_down_mbit": SLOW_DOWN_MBIT, "slow_down_places": SLOW_DOWN_PLACES, "megabytes": megabytes, "transport": transport,
+               "slow_down_mbit": SLOW_DOWN_MBIT, "slow_down_places": SLOW_DOWN_PLACES, "megabytes": megabytes,
+               "transport": transport,
                "deltas": DELTAS, "links": LINKS,
                "rows": rows}
     md = (f"# Fan-out of one version under {RATE_MBIT:g} Mbit/s links ({transport}, {len(rows)} runs)\n\n"

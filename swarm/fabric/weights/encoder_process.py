@@ -50,7 +50,8 @@ import torch
 import torch.multiprocessing  # noqa: F401  registers the reductions that send tensors as shared-memory handles
 
 from swarm.fabric.weights.delta import encode_delta, encode_snapshot, state_hash
-from swarm.fabric.weights.payload_files import carried, payload_path, received, remove, shared_memory_free, sweep_orphans
+from swarm.fabric.weights.payload_files import (EncoderError, carried, payload_path, received, remove, shared_memory_free,
+                                                sweep_orphans)
 from swarm.fabric.weights.undo import UndoDelta, encode_undo
 
 logger = logging.getLogger(__name__)
@@ -61,10 +62,6 @@ STOP_WAIT_S = 10.0  # how long a child gets to finish and leave before it is kil
 
 class EncoderDied(RuntimeError):
     """The encoding process ended without answering (killed, out of memory, crashed)."""
-
-
-class EncoderError(RuntimeError):
-    """The encoding process raised an exception that could not be sent back as itself."""
 
 
 @dataclass(frozen=True)

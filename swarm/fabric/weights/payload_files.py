@@ -18,6 +18,11 @@ from swarm.fabric.weights.undo import UndoDelta
 SNAPSHOT_DIR = "/dev/shm"  # where the child leaves payloads for the parent to read (a tmpfs: memory)
 
 
+class EncoderError(RuntimeError):
+    """The encoding process raised an exception that could not be sent back as itself, or handed
+    back a payload file that is not what it said."""
+
+
 def shared_memory_free(path: str = "/dev/shm") -> int | None:
     """Bytes free in the shared-memory file system; None where it cannot be read."""
     try:
@@ -36,7 +41,8 @@ def carried(path: str | None, delta: bytes | None, undo: UndoDelta | None) -> tu
     """How the child hands a version's delta and undo delta back: their bytes written one after
     another to `path` (a tmpfs), with what the parent needs to cut them apart (`received`); or, where
     that file cannot be written (no room), the objects themselves, through the pipe."""
-    blobs = ([] if delta is None else [delta]) + [b for _, _, gaps, steps in (undo.tensors if undo else ()) for b in (gaps, steps)]
+    pieces = [piece for _, _, gaps, steps in (undo.tensors if undo else ()) for piece in (gaps, steps)]
+    blobs = ([] if delta is None else [delta]) + pieces
     if path is None or not blobs:
         return ("inline", delta, undo)
     free = shared_memory_free(os.path.dirname(path))

@@ -43,9 +43,10 @@ skipped (their change carried by the next delta): the publisher keeps up with wh
 leaves it. What was left was the learner's own share: a fresh host copy of each version (a page
 fault per page) copied again into shared memory by this thread, and the delta and undo delta
 unpickled from the pipe, 0.17 CPU seconds a version; with the version cast straight into reused
-shared memory (`copy_state`) and the deltas read from a file (payload_files.py), 0.08,
-and the steps ran at 0.944-1.053x of off (six runs, median 0.989x), half the versions skipped. A learner waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then held
-off its core would stall the training thread that waits for the GIL.
+shared memory (`copy_state`) and the deltas read from a file (payload_files.py), 0.08, and the
+steps ran at 0.944-1.053x of off (six runs, median 0.989x), half the versions skipped. A learner
+waiting for rollouts leaves it all it needs. A thread is never idle: one holding the GIL and then
+held off its core would stall the training thread that waits for the GIL.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from typing import Callable, Literal, Mapping
 
 import torch
 
-from swarm.fabric.weights.encoder_process import BlockPool, EncoderDied, EncoderProcess, NoSharedMemory, SharedState, SharedTensors
+from swarm.fabric.weights.encoder_process import (BlockPool, EncoderDied, EncoderProcess, NoSharedMemory, SharedState,
+                                                  SharedTensors)
 
 logger = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ BUSY_BACKOFF = 3
 # finds the first no further ahead than the second, or sending what it holds (its uplink shared with
 # the second's requests) at 2-3.6 MB/s against the upstream's 1.2-2.0: answered busy, or between
 # WALK_RATIO and PASS_RATIO, or not in time, it fetched at their pace to the end (benchmarks/fanout_wan.py,
-# GEPO_FANOUT_SLOW_DOWN_PLACES=2,3: the others 50.5 s, the slow ones 50.2). Such probes (`unsure`)
+# GEPO_FANOUT_SLOW_DOWN_PLACES=2,3: the others 48.4 s, as the slow ones; 26.4-34.5 s walking). Such probes (`unsure`)
 # walk up; one further up that is far ahead passes both over. Busy answers for want of upload slots
 # are not unsure (NotHeldYet tells them apart: one that holds no slot, which a slow requester's
 # transfers hold, may be far ahead; counted, the peer after a slow download walked up past a healthy
