@@ -66,7 +66,7 @@ def test_a_learner_publishing_from_its_encoding_process_is_followed_by_a_sampler
 
     node = start_bootstrap("grpc", run_id="isolation-test", host="127.0.0.1", port=0)
     common = dict(peers=node.addresses(), transport="grpc", run_id="isolation-test", host="127.0.0.1", heartbeat_s=1.0)
-    learner = Learner(LearnerConfig(**common, identity_dir=tmp_path / "learner-keys", steps=60, groups_per_step=2,
+    learner = Learner(LearnerConfig(**common, identity_dir=tmp_path / "learner-keys", steps=100_000, groups_per_step=2,
                                     run_dir=tmp_path / "learner", wait_s=60, checkpoint_every=0,
                                     publish_isolation="process"), echo=lambda line: None)
     threads = [threading.Thread(target=learner.run, name="test-learner", daemon=True)]
@@ -80,7 +80,8 @@ def test_a_learner_publishing_from_its_encoding_process_is_followed_by_a_sampler
                           echo=lambda line: None)
         threads.append(threading.Thread(target=sampler.run, name="test-sampler", daemon=True))
         threads[1].start()
-        deadline = time.time() + 120
+        deadline = time.time() + 120  # (the learner steps on until stopped: on a loaded machine, 60 steps on
+        # rollouts of version 0 ended the run, and with it the sampler, before it had fetched a later version)
         def held() -> dict:  # (the sampler makes its store as it starts)
             return dict(getattr(getattr(sampler, "store", None), "hashes", {}))
         while max(held(), default=0) < 3 and time.time() < deadline and threads[1].is_alive():
