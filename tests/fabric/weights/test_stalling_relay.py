@@ -50,7 +50,8 @@ def test_a_stalling_relay_is_struck_and_the_version_comes_from_the_learner_withi
             follower = VersionFollower(fabric, got, [learner.public_key], SecondsDelay.parse("none"), random.Random(0),
                                        echo=lambda m: None, on_fetch=results.append, poll_s=0.5, chunked=False)
             # the client's own timeout is 120 s: a relay given all of it would keep the version away that long
-            wait_until(lambda: got.latest == 0, 60, "version 0 at the sampler")
+            # (and its record: the follower tells on_fetch once the version is held, a moment after the store has it)
+            wait_until(lambda: got.latest == 0 and results, 60, "version 0 at the sampler")
             elapsed = time.monotonic() - started
             bound = relay_deadline(next(s for s in store.chunk_specs(0) if s.kind == "snapshot").size)
             assert results[0].holder == learner.peer_id and results[0].version == 0
