@@ -29,6 +29,7 @@ What is built around it, and why:
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -62,6 +63,12 @@ PARTIAL_ROUND = "incomplete all-reduce"
 # absent at this many asks in a row (one DHT read coming back empty is not enough), the round ends
 PRESENCE_POLL_S = 1.0
 ABSENT_POLLS = 2
+
+
+# what a round or a state download may end with, all meaning "none this time": hivemind raises many
+# kinds, and hands back asyncio's CancelledError (a BaseException, not an Exception) when its
+# matchmaking gives up on a group it was assembling; let through, it would end the learner's loop
+ROUND_FAILURES = (Exception, asyncio.CancelledError)
 
 
 class NobodyLeft(Exception):
@@ -336,7 +343,7 @@ class LearnerGroup:
                                              timeout=remaining, allow_retries=False, wait=False)
                 try:  # hivemind's timeout bounds finding a group, not a round that then stalls: bound both
                     gathered = await_round(control, remaining + self.allreduce_timeout_s, others_present)
-                except Exception as exc:  # noqa: BLE001 - hivemind raises many kinds; all mean "no round"
+                except ROUND_FAILURES as exc:
                     control.cancel()
                     error = f"{type(exc).__name__}: {exc}"
                     partial = partial or (error if PARTIAL_ROUND in error else "")
@@ -378,7 +385,7 @@ class LearnerGroup:
         self.averager._outer_pipe.send(("_download_from", [ids, timeout_s], dict(future=future)))
         try:
             found = future.result(timeout=timeout_s * max(1, len(ids)) + 5)
-        except Exception as exc:  # noqa: BLE001
+        except ROUND_FAILURES as exc:
             logger.warning("state download failed: %s", exc)
             return None
         if not found or not isinstance(found[1], dict):

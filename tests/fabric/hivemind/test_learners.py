@@ -256,6 +256,31 @@ def test_a_round_whose_all_reduce_comes_back_incomplete_is_failed_not_stepped_on
     assert theirs.grads is None and theirs.partial, theirs
 
 
+def test_a_round_that_hivemind_cancels_is_a_failed_round_not_an_exception():
+    """hivemind can end a step with asyncio's CancelledError (its matchmaking gives up on a group it
+    was assembling; seen in CI), a BaseException that `except Exception` lets through: the learner's
+    round thread would die of it. Here both members' all-reduce is cancelled: each gets a failed
+    round back (swarm/team.py steps on its own gradient then, as after any failed round)."""
+    import asyncio
+
+    from swarm.fabric.hivemind import learner_group
+
+    guarded = learner_group.GuardedAverager
+
+    class CancelledInTheRound(guarded):
+        async def _aggregate_with_group(self, *args, **kwargs):
+            raise asyncio.CancelledError()
+
+    CancelledInTheRound.__name__ = CancelledInTheRound.__qualname__ = guarded.__name__  # hivemind's handler names
+    with learner_groups([CancelledInTheRound] * 2) as (groups, params):
+        for g in groups:
+            g.allow([h.peer_id for h in groups])
+        contributions = [([torch.ones_like(p) for p in params], 2)] * 2
+        results = _rounds(groups, contributions, timeout_s=4.0)
+    assert all(r is not None for r in results), results  # None: the thread died of the exception
+    assert all(r.grads is None and "CancelledError" in r.error for r in results), results
+
+
 def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_ignore_a_stranger(tmp_path):
     """Real processes on loopback: an owner learner and a certified one train with two samplers,
     publishing the same weights at every version; a learner whose certificate is its own is ignored;
