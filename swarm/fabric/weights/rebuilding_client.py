@@ -107,12 +107,18 @@ class RebuildingClient:
         (`fetch`; also for payloads assembled from chunks)."""
         transferred = time.time()
         base = store.state(have) if have is not None else None
+        # its hash as the store verified it: the delta's base check compares that instead of hashing
+        # the whole base again (a quarter of an apply at Qwen3-0.6B shape). A base changed since
+        # would still be caught: the result's hash would not match
+        with store.lock:
+            base_hash = store.hashes.get(have) if have is not None else None
         state, version = base, have
         built: list[tuple[int, dict, bytes, str, str]] = []
         digest = None
         for step, payload in enumerate(payloads):
             try:  # raises CorruptVersion on any mismatch
-                version, state, digest, kind = apply_payload_verified(payload, state, max_bytes=self.max_payload_bytes)
+                version, state, digest, kind = apply_payload_verified(payload, state, max_bytes=self.max_payload_bytes,
+                                                                      base_hash=base_hash)
             except CorruptVersion as exc:
                 exc.from_deltas = have is not None
                 raise
@@ -124,6 +130,7 @@ class RebuildingClient:
             if (not previous < version <= want) if kind == "delta" else (len(payloads) != 1 or version != want):
                 raise CorruptVersion(f"holder {holder} sent {kind} {version} out of order (asked {have} -> {want})")
             built.append((version, state, payload, digest, kind))
+            base_hash = digest  # (verified: the next delta's base)
         if version != want or digest != want_hash:
             raise CorruptVersion(f"holder {holder} sent version {version}, not {want} with the announced hash")
         bad = non_finite_tensors(state)

@@ -216,3 +216,39 @@ def test_a_snapshot_on_the_gpu_is_published_as_the_same_version_as_on_the_host()
             assert store.hashes[version] == state_hash(state)
     finally:
         publisher.close()
+
+
+def test_a_receiver_checks_a_deltas_base_against_the_hash_it_verified_and_still_refuses_a_changed_base(monkeypatch):
+    """RebuildingClient.rebuild hands the store's verified hash of the base to the apply, which then
+    hashes no base (a quarter of an apply at Qwen3-0.6B shape); the chain's later deltas get the hash
+    each apply verified. A base changed in place since is still refused: the result's hash differs,
+    and nothing is stored."""
+    import swarm.fabric.weights.delta_apply as delta_apply
+    from swarm.fabric.weights.rebuilding_client import RebuildingClient
+
+    torch.manual_seed(0)
+    states = [{"w": torch.randn(64, 33).to(torch.bfloat16), "b": torch.randn(7)}]
+    for _ in range(2):
+        states.append({k: (v.float() + 2e-3 * torch.randn_like(v.float())).to(v.dtype) for k, v in states[-1].items()})
+    learner = VersionStore()
+    for version, state in enumerate(states):
+        learner.add(version, state)
+    hashed = []
+    monkeypatch.setattr(delta_apply, "state_hash", lambda state: hashed.append(1) or state_hash(state))
+
+    def receiver():
+        store = VersionStore()
+        store.add(0, {k: v.clone() for k, v in states[0].items()}, digest=learner.hashes[0], owned=True)
+        return store
+
+    store = receiver()
+    got = RebuildingClient().rebuild("learner", 0, [learner.deltas[1], learner.deltas[2]], 2, learner.hashes[2], store,
+                                     dict(learner.hashes), time.time())
+    assert got.kinds == ["delta", "delta"] and hashed == []  # neither base hashed again
+    assert all(torch.equal(store.state(2)[k], states[2][k]) for k in states[2]) and store.hashes[2] == learner.hashes[2]
+
+    changed = receiver()
+    changed.state(0)["w"].view(-1)[:8] += 1.0  # the held base changed behind the store's back
+    with pytest.raises(CorruptVersion, match="does not match its hash"):
+        RebuildingClient().rebuild("learner", 0, [learner.deltas[1]], 1, learner.hashes[1], changed, {}, time.time())
+    assert changed.latest == 0
