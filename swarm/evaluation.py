@@ -17,7 +17,7 @@ from swarm.model.device import resolve_dtype
 from swarm.model.loading import resolve_model_dir
 from swarm.progress import Progress, ProgressTask
 from swarm.rewards import RewardScorer
-from swarm.tasks import load_task
+from swarm.tasks import check_task_name, load_task
 from swarm.tasks.base import Problem, cut_at_stop
 
 
@@ -169,6 +169,7 @@ def evaluate(
     """Load `model` and `task_name` and evaluate (`swarm eval`, the demo's before/after). `split`
     None is the task's own evaluation split; `echo` hears which problems, before they are evaluated;
     `progress` (swarm.progress) how far the evaluation is (and the embedded policy's first build)."""
+    check_task_name(task_name)  # an unknown task or a missing file is said before the model loads
     model_dir = resolve_model_dir(model, progress=progress is not None and progress.terminal)
     dtype = resolve_dtype(dtype, device)
     options = {"device": device, "dtype": dtype} if backend_name == "transformers" else {"dtype": dtype}

@@ -19,6 +19,7 @@ from swarm.config import DemoConfig, EvalConfig
 from swarm.progress import progress_for
 from swarm.runlog import STEPS_FILE, read_jsonl
 from swarm.signals import note_signal
+from swarm.tasks import check_task_name
 
 
 @click.command("eval", cls=GroupedCommand)
@@ -29,13 +30,16 @@ def eval_command(config_file, as_json, **options):
 
     Reads a dataset's own test split, every row of a single file, or the arithmetic test split
     (--split chooses), and says which problems before it starts."""
-    from swarm.evaluation import evaluate  # torch: imported when `swarm eval` runs, not at `swarm --help`
-
     # Ctrl-C ends it with status 130 even when it started with SIGINT ignored (`&` in a script, nohup):
     # Python then leaves SIGINT ignored, and the suite's Ctrl-C test, run that way, saw eval score on
     # to the end and exit 0
     _interrupt_on(signal.SIGINT)
     config = config_from_options("eval", config_file, options)
+    with user_errors(OSError):
+        check_task_name(config.task)  # (light: no torch)
+    # torch and transformers (seconds): imported once the options and the task are good, not at `swarm --help`
+    from swarm.evaluation import evaluate
+
     if config.lora_r:
         with user_errors():
             check_lora_checkpoint(config.model, config.lora_r)

@@ -21,6 +21,7 @@ from swarm.health import status_flags, swarm_args
 from swarm.ports import check_config_ports
 from swarm.progress import progress_for
 from swarm.signals import install_stop_signals
+from swarm.tasks import check_task_name
 
 
 def _join_failures() -> tuple[type[BaseException], ...]:
@@ -63,6 +64,7 @@ def learner_command(config_file, **options):
     config = config_from_options("learner", config_file, options)
     with user_errors(OSError):
         check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+        check_task_name(config.task)  # and an unknown task or a missing file, before torch is imported
     from peers.learner import run_learner  # torch: not at `swarm --help`
     if config.run_dir is None:
         config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
@@ -83,6 +85,7 @@ def sampler_command(config_file, **options):
     config = config_from_options("sampler", config_file, options)
     with user_errors(OSError):
         check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
+        check_task_name(config.task)  # and an unknown task or a missing file, before torch is imported
     from peers.sampler import run_sampler  # torch: not at `swarm --help`
     with user_errors(*_join_failures()):
         result = run_sampler(config, echo=click.echo, progress=_progress())

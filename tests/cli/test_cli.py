@@ -85,6 +85,8 @@ def test_eval_of_a_hub_model_fails_at_once_without_the_hub(tmp_path):
         (["eval", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
         (["eval", "--model", "./missing-model"], "missing-model does not exist"),
         (["eval", "--task", "gsm8k"], "unknown task 'gsm8k'"),
+        # the task is checked before the model is looked for (and loaded: seconds of imports and weights)
+        (["eval", "--task", "gsm8k", "--model", "./missing-model"], "unknown task 'gsm8k'"),
         (["eval", "--samples", "0"], "--eval-samples: Input should be greater than or equal to 1"),
         (["eval", "--backend", "tgi"], "Invalid value for '--backend'"),
         (["eval", "--task", "x.jsonl", "--answer-pattern", "####(.+"], "--answer-pattern: '####(.+' is not a regular expression"),
