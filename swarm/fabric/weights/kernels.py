@@ -285,3 +285,34 @@ def undo_streams(newer, older, is_float):
             d = (_ordered(np.uint64(older[i]), is_float, top) - _ordered(np.uint64(newer[i]), is_float, top)) & mask
             s = _varint(steps, s, ((d << np.uint64(1)) ^ ((d >> top) * mask)) & mask)
     return count, gaps[:g], steps[:s]
+
+
+# decode_varints' answers other than a count: what was wrong with the data
+VARINT_TOO_LONG, VARINT_OVER_64_BITS, VARINT_TOO_WIDE = -1, -2, -3
+
+
+@_compiled
+def decode_varints(buf, out, max_bytes, limit_bits):
+    """varints._decode_varints in one pass: the LEB128 varints of `buf` (ending with a last byte)
+    into the start of `out`, how many; or VARINT_TOO_LONG (one of more than `max_bytes` bytes),
+    VARINT_OVER_64_BITS, VARINT_TOO_WIDE (a number at or past 2^limit_bits). The numpy path takes
+    five passes and temporaries for every number (a third of a sampler's apply on a dense delta)."""
+    n = 0
+    value = np.uint64(0)
+    length = 0
+    for i in range(buf.size):
+        byte = np.uint64(buf[i])
+        if length == 9 and byte > np.uint64(1):
+            return VARINT_OVER_64_BITS
+        value |= (byte & np.uint64(0x7F)) << np.uint64(7 * length)
+        length += 1
+        if byte < np.uint64(0x80):
+            if limit_bits < 64 and (value >> np.uint64(limit_bits)) != np.uint64(0):
+                return VARINT_TOO_WIDE
+            out[n] = value
+            n += 1
+            value = np.uint64(0)
+            length = 0
+        elif length >= max_bytes:
+            return VARINT_TOO_LONG
+    return n

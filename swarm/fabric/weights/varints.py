@@ -1,13 +1,16 @@
 """The integer codings of weight deltas' streams (weights/delta.py), vectorised with numpy: zigzag
 (signed steps as unsigned numbers, small either way) and LEB128 varints (7 bits a byte, low first,
 the high bit set on all but a number's last byte). Decoding is bounded by the data's size whatever
-the data, and can run in parts on an executor (numpy releases the GIL)."""
+the data, and can run in parts on an executor (numpy releases the GIL). Decoding takes kernels.py's
+compiled pass where numba is there (the same numbers, the same refusals)."""
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 
 import numpy as np
+
+from swarm.fabric.weights import kernels
 
 _SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _DECODE_BYTES = 1 << 18  # varint bytes decoded at once (bounds the decoder's temporaries)
@@ -137,6 +140,16 @@ def _varint_runs(buf: np.ndarray, width_bits: int) -> list[tuple[int, int]]:
 
 def _decode_varints(buf: np.ndarray, out: np.ndarray, width_bits: int) -> int:
     """Decode whole varints into the start of `out`; returns how many."""
+    if kernels.ENABLED:
+        limit = min(width_bits, out.dtype.itemsize * 8)
+        count = kernels.decode_varints(buf, out, (width_bits + 6) // 7, limit)
+        if count >= 0:
+            return count
+        if count == kernels.VARINT_TOO_LONG:
+            raise ValueError(f"a varint of more than {(width_bits + 6) // 7} bytes for a {width_bits}-bit number")
+        if count == kernels.VARINT_OVER_64_BITS:
+            raise ValueError("a varint wider than 64 bits")
+        raise ValueError(f"a varint wider than {limit} bits")
     ends = np.flatnonzero(buf < 0x80)
     count = ends.size
     if count == buf.size:

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from swarm.fabric.weights import delta as wd
@@ -190,3 +190,36 @@ def test_without_numba_the_numpy_path_writes_the_same_bytes_and_import_compiles_
     flags_without, digest_without, _ = _run("sys.modules['numba'] = None  # as if numba were not installed")
     assert flags_without == "False None"
     assert digest_without == digest
+
+
+def _decoded(data: bytes, **kwargs):
+    """varint_decode's numbers, or the ValueError it raised."""
+    try:
+        return varints.varint_decode(data, **kwargs)
+    except ValueError as exc:
+        return exc
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(
+    # well-formed: numbers of every width, encoded
+    st.lists(st.integers(0, 2**64 - 1), max_size=60).map(lambda v: varints.varint_encode(np.array(v, np.uint64))),
+    # anything: truncated, too long, too wide, runs of continuation bytes
+    st.binary(max_size=80), st.lists(st.sampled_from([0x00, 0x01, 0x02, 0x7F, 0x80, 0xFF]), max_size=40).map(bytes)),
+    width=st.sampled_from([8, 16, 32, 64]), dtype=st.sampled_from([np.uint8, np.uint16, np.uint32, np.uint64]),
+    run=st.sampled_from([17, 1 << 18]))
+@example(data=b"\xff" * 9 + b"\x02", width=64, dtype=np.uint64, run=1 << 18)  # past 64 bits in its 10th byte
+@example(data=b"\xff" * 9 + b"\x01", width=64, dtype=np.uint64, run=1 << 18)  # 2^64 - 1, the widest that fits
+@example(data=b"\x80" * 10 + b"\x01", width=64, dtype=np.uint64, run=1 << 18)  # 11 bytes
+def test_the_compiled_varint_decoder_gives_the_numpy_paths_numbers_and_refusals(data, width, dtype, run, monkeypatch):
+    monkeypatch.setattr(varints, "_DECODE_BYTES", run)  # (17: many runs, each cut back to a varint's end)
+    got = []
+    for enabled in (False, True):
+        monkeypatch.setattr(kernels, "ENABLED", enabled)
+        got.append(_decoded(data, max_count=100, width_bits=width, dtype=dtype))
+    numpy_path, compiled = got
+    if isinstance(numpy_path, ValueError):
+        assert isinstance(compiled, ValueError), (data, compiled)
+    else:
+        assert not isinstance(compiled, ValueError), (data, compiled)
+        assert compiled.dtype == numpy_path.dtype and np.array_equal(compiled, numpy_path)
