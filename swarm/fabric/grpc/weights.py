@@ -12,7 +12,7 @@ import msgpack
 from swarm.fabric.grpc.common import CHUNK_BYTES, RequestSigner, pack, unpack
 from swarm.fabric.grpc.server import WEIGHTS
 from swarm.fabric.weights.announcement_push import PUSH_OP, answer_push
-from swarm.fabric.weights.chunks import FORWARD_PIECE_BYTES, ChunkCutOff, ChunkFeed, chunk_answer, slot_share, takes_slot
+from swarm.fabric.weights.chunks import ChunkCutOff, ChunkFeed, chunk_answer, forward_piece_bytes, slot_share, takes_slot
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion
 from swarm.fabric.weights.upload_slots import HolderBusy, UploadSlots
 from swarm.fabric.weights.rebuilding_client import RebuildingClient, refuse_unless_ok
@@ -76,7 +76,7 @@ class GrpcWeightServer:
                 deadline = send_deadline(len(data))
                 yield from self._counted(iter(lambda: data.next(deadline), None))
             else:  # in pieces a receiver can pass on as they come
-                yield from self._pieces(data, FORWARD_PIECE_BYTES)
+                yield from self._pieces(data, forward_piece_bytes(len(data)))
         finally:
             if takes_slot(request):
                 self.slots.release(slot_share(len(data)), who)

@@ -20,13 +20,13 @@ from hivemind.p2p import P2P
 from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
 from swarm.fabric.weights.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import (
-    FORWARD_PIECE_BYTES,
     MAX_WAITERS,
     SLOT_WAIT_S,
     ChunkCutOff,
     ChunkFeed,
     chunk_answer,
     claim_chunk,
+    forward_piece_bytes,
     slot_share,
     takes_slot,
 )
@@ -320,7 +320,7 @@ class WeightClient(RebuildingClient):
             refuse_unless_ok(header, peer_id, want)
             if single is not None:
                 check_payload_count(header.get("count"), None, want, peer_id)
-                answer = [await receive(single, sink, FORWARD_PIECE_BYTES, cut_off=request.get("op") == "chunk")]
+                answer = [await receive(single, sink, forward_piece_bytes(single), cut_off=request.get("op") == "chunk")]
                 done = True
                 return answer
             count = check_payload_count(header.get("count"), have, want, peer_id)

