@@ -12,7 +12,8 @@
                         and fetched along a chain (or in stripes) shared with the peers fetching it too;
                         sharer_view.py, who fetches a payload now (the learner names a delta's chain);
                         upstream_pace.py, a chain's slow upstream passed over; source_judging.py,
-                        relays and redirect targets judged by their delivery rate.
+                        relays and redirect targets judged by their delivery rate; takers.py, a
+                        chunk sent once by a whole holder, its later requesters sent to its taker.
 - upload_slots.py     - how many transfers a holder serves at once, and who gets a freed slot.
 - follower.py         - a sampler's background fetching of new versions (other holders first, the
                         learner last) and the latency simulation's choice of version.

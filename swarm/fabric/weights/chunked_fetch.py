@@ -36,7 +36,7 @@ version). Holders hand out their upload slots to the requester holding the fewes
 least so far (upload_slots.UploadSlots), so every stripe arrives at the same pace, and a peer whose own stripe is
 done puts its whole-holder workers on the owners' chunks, so the last chunks have more requests in
 flight. A whole holder that sent a chunk to a relaying peer already sends later requesters there
-(chunks.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
+(takers.Takers): they ask that peer, and the holder again with `force` only if it fails them, so
 plans that differ (adopted chunks, owners passed over) cost the learner about one copy all the same.
 
 Peers named by records and redirects are data, never trusted (issue 45): one whose id does not
@@ -44,7 +44,7 @@ parse, or whose request raises anything at all, is struck and shunned, never rai
 fetch; whole holders other than the learner, and the peers a holder redirects to, are judged by
 their delivery rate against the learner's (source_judging.SLOW_RATIO): too slow, they are given up on within a
 bounded time and struck, and the chunk comes from the holder. A holder sends one requester to one
-taker for at most half a payload's chunks (chunks.REDIRECT_SHARE), whatever the requester does.
+taker for at most half a payload's chunks (takers.REDIRECT_SHARE), whatever the requester does.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from swarm.fabric.membership.records import dialable_peer_id
-from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, Redirected, answer_limit
+from swarm.fabric.weights.chunks import ChunkBook, ChunkSpec, Partial, answer_limit
+from swarm.fabric.weights.takers import Redirected
 from swarm.fabric.weights.delta import CorruptVersion
 from swarm.fabric.weights.owner_pace import OwnerPace, PassingOwnersOver, PieceTiming
 from swarm.fabric.weights.source_judging import SourceJudging

@@ -14,7 +14,7 @@ get it (a slow download) streams it as slowly as one with a slow upload, while t
 starts is the learner's pace, alike for every owner (timed from the request on loopback, where that
 wait is all there is, one owner in five was passed over on equal links). An owner OWNER_SLOW_RATIO
 times below that median is passed over: its stripe's chunks come from whole holders. A whole holder
-sends each chunk once and sends later requesters to the peer that took it (chunks.Takers), so a
+sends each chunk once and sends later requesters to the peer that took it (takers.Takers), so a
 slow owner costs the learner about one stripe more (1/n of a copy for n sharers). Medians, not the
 learner's rate: a peer whose own download is slow finds every owner slow alike and passes none
 over, and a busy machine's stalls slow all owners alike. At most a quarter of the owners (and at

@@ -10,7 +10,8 @@ import logging
 import time
 from typing import Callable, Mapping
 
-from swarm.fabric.weights.chunks import MAX_PEER_ID_CHARS, ChunkSpec, Redirected, answer_limit, chunk_request
+from swarm.fabric.weights.chunks import MAX_PEER_ID_CHARS, ChunkSpec, answer_limit, chunk_request
+from swarm.fabric.weights.takers import Redirected
 from swarm.fabric.weights.delta import MAX_PAYLOAD_BYTES, CorruptVersion, apply_payload_verified, non_finite_tensors
 from swarm.fabric.weights.upload_slots import HolderBusy, NotHeldYet
 from swarm.fabric.weights.versions import FetchResult, VersionStore, send_deadline

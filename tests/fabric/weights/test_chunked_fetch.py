@@ -14,7 +14,8 @@ from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkedFetchFailed,
 from swarm.fabric.weights.sharer_view import SharerView, sharers_for
 from swarm.fabric.membership.link_judge import LinkJudge
 from swarm.fabric.weights.chunked_fetch import WHOLE_WORKERS
-from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, REDIRECT_SHARE, ChunkBook, spec_of
+from swarm.fabric.weights.chunks import DIGEST_BYTES, MAX_WAIT_S, ChunkBook, spec_of
+from swarm.fabric.weights.takers import REDIRECT_SHARE
 from swarm.fabric.membership.records import Heartbeat, Member
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_chunks import CHUNK, payload, versions

@@ -208,6 +208,7 @@ def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_
     requester that does not relay is never a target, and a payload being received is never
     redirected (its owner is what others ask)."""
     import swarm.fabric.weights.chunks as chunks
+    import swarm.fabric.weights.takers as takers
 
     data = payload(3 * CHUNK)
     book = ChunkBook(lambda kind, version: data if version == 4 else None, CHUNK)
@@ -231,12 +232,12 @@ def test_a_whole_holder_sends_a_chunks_later_requesters_to_the_relay_it_sent_it_
     header, sent = ask(0, "b", relays=True, force=True)  # a failed b: sent, and b takes over
     assert sent == data[:CHUNK] and ask(0, "c")[0]["redirect"] == "b"
     assert slots.active == 0 and book.takers.redirected == 3  # a redirect takes no slot
-    monkeypatch.setattr(chunks, "REDIRECT_S", 0.0)
+    monkeypatch.setattr(takers, "REDIRECT_S", 0.0)
     time.sleep(0.01)
     assert ask(0, "c")[1] == data[:CHUNK]  # past the window: sent again
     # the claim made once a slot is taken (where the transports take it) decides races
     request = chunk_request(spec, 2, 0, relays=True)
-    monkeypatch.setattr(chunks, "REDIRECT_S", 30.0)
+    monkeypatch.setattr(takers, "REDIRECT_S", 30.0)
     assert chunks.claim_chunk(book, request, "a") is None and chunks.claim_chunk(book, request, "b")["redirect"] == "a"
     partial_spec, manifest = spec_of("delta", 9, data, CHUNK)
     partial = book.begin(partial_spec, manifest, partial_spec.digests(manifest, "x"))

@@ -20,7 +20,7 @@ from swarm.fabric.local import LocalFabrics
 from swarm.fabric.membership.records import Heartbeat, Member, believable_holds, dialable_peer_id
 from swarm.fabric.weights.announcements import Announced
 from swarm.fabric.weights.chunked_fetch import ChunkedFetch, ChunkSources
-from swarm.fabric.weights.chunks import REDIRECT_SHARE
+from swarm.fabric.weights.takers import REDIRECT_SHARE
 from swarm.fabric.weights.delta import state_hash
 from swarm.fabric.weights.follower import fetch_from_holders, holders_for
 from swarm.fabric.weights.versions import VersionStore

@@ -104,7 +104,7 @@ def test_a_slow_owners_stripe_comes_from_whole_holders_and_the_others_finish_lon
     # and each other
     assert max(finished.values()) < 0.5 * size / SLOW_BYTES_S, finished
     # one copy, and the slow one's stripe once more: the learner sends each of its chunks to the first
-    # peer that asks and the others to that peer (chunks.Takers)
+    # peer that asks and the others to that peer (takers.Takers)
     assert served < (1.0 + 2.5 / SHARERS) * size, f"the learner sent {served / size:.2f} copies"
 
 
