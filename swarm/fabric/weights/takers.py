@@ -1,5 +1,6 @@
-"""Which relaying peer each chunk of a complete payload went to (chunks.py's `Takers`): a holder
-sends each chunk once per fan-out, and a later requester of it to the peer that took it."""
+"""Which relaying peer each chunk of a complete payload went to (`Takers`, kept by chunks.ChunkBook):
+a holder sends each chunk once per fan-out, and a later requester of it to the peer that took it
+(`Redirected`, as the requester's client raises it)."""
 
 from __future__ import annotations
 
