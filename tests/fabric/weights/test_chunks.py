@@ -376,6 +376,11 @@ class Sampler:
             holds = tuple(self.store.states)
         self.fabric.heartbeat(Heartbeat(role="sampler", version=max(holds, default=0), holds=holds, relay=True))
 
+    def reported(self, version: int) -> bool:
+        """The version is held and its fetch was reported: the follower sets the store's latest
+        before it calls on_fetch, so a test reading `results` waits for this, not for the store."""
+        return self.store.latest == version and bool(self.results) and self.results[-1].version == version
+
     def fetched(self, result):
         self.results.append(result)
         self.lookups_at_fetch.append(self.lookups)
@@ -414,7 +419,7 @@ def share_out(make_fabric, corrupt: bool, order=lambda named: named):
         sizes["sharers"] = order(view.announced(version, specs))
         learner_fabric.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=specs,
                                 sharers=sizes["sharers"])
-        wait_until(lambda: all(s.store.latest == version for s in samplers), 90, f"version {version} everywhere")
+        wait_until(lambda: all(s.reported(version) for s in samplers), 90, f"version {version} everywhere")
         # the next payload is shared out only among peers whose records say they hold this one
         wait_until(lambda: all(version in m.record.holds for m in learner_fabric.members() if m.record.role == "sampler"),
                    30, "records listing the version")

@@ -116,14 +116,14 @@ def test_a_record_with_a_bad_peer_id_listing_the_coming_versions_stops_no_sample
     try:
         store.add(0, v0)
         learner.announce(0, store.hashes[0], recent=dict(store.hashes), chunks=store.chunk_specs(0))
-        wait_until(lambda: sampler.store.latest == 0, 60, "version 0 at the sampler")
+        wait_until(lambda: sampler.reported(0), 60, "version 0 at the sampler")
         proc = hostile(swarm, learner, "record")
         wait_until(lambda: any(1 in m.record.holds and m.record.relay and m.record.peer_id != sampler.fabric.peer_id
                                for m in learner.members()), 30, "the hostile record listed")
         for version in range(1, 5):  # the hostile record lists each of these as held before it is out
             store.add(version, states[version % 2])
             learner.announce(version, store.hashes[version], recent=dict(store.hashes), chunks=store.chunk_specs(version))
-            wait_until(lambda: sampler.store.latest == version, 30, f"version {version} at the sampler")
+            wait_until(lambda: sampler.reported(version), 30, f"version {version} at the sampler")
         assert sampler.follower.last_error is None and sampler.follower._failures == 0
         assert [r.version for r in sampler.results] == [0, 1, 2, 3, 4]
         assert all(set(r.sources or [r.holder]) == {learner.peer_id} for r in sampler.results)
