@@ -1,11 +1,14 @@
 """Compiled loops of the weight-delta codec (format 5; swarm.fabric.weights.delta describes it): one
 pass over a piece's elements where the numpy path (value_classes.ranked, target_index) makes
 several over arrays of temporaries. numba compiles them on first use (`cache=True`: once per
-machine, the result kept in __pycache__; importing this module compiles nothing) and they release
-the GIL, so the codec's pool threads run them side by side.
+machine, the result kept in __pycache__) and they release the GIL, so the codec's pool threads run
+them side by side. Importing this module imports no numba: numba and llvmlite take 0.35 CPU s to
+import on the 2-core machine, paid by every process that imports the codec (a bootstrap node, the
+CLI's `status`) though only the ones that encode or apply a version use it. The first call of any
+kernel imports numba and makes every kernel a compiled one (_compile_all).
 
-Without numba (ImportError: it is a dependency, but a peer must still run without it) ENABLED is
-False and the codec takes its numpy path, which writes the same bytes and builds the same states
+Without numba (it is a dependency, but a peer must still run without it) ENABLED is False and the
+codec takes its numpy path, which writes the same bytes and builds the same states
 (tests/fabric/weights/test_delta_kernels.py compares the two).
 
 Arithmetic: every element is widened to uint64 and every constant is a np.uint64 (numba reads
@@ -13,22 +16,57 @@ uint64 mixed with a signed integer as float64); results are cut back to the elem
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import sys
+import threading
+
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # pragma: no cover  (numba is a dependency; the numpy path stands in)
-    numba = None
 
-ENABLED = numba is not None
+def _numba_installed() -> bool:
+    if "numba" in sys.modules:  # (None there: an import that is to fail, as a test sets it)
+        return sys.modules["numba"] is not None
+    return importlib.util.find_spec("numba") is not None
+
+
+ENABLED = _numba_installed()
 # elements counted in one int64 of four 16-bit fields (one per class) before it is added to the
 # piece's counts: a field never exceeds 0xFFFE, so 0xFFFF marks "no target in this block"
 BLOCK = 0xFFFF
 _NONE = np.int64(0xFFFF)
 
 
+# kernels not compiled yet, by name: each module-level name stands for its first call until then
+_PENDING: dict = {}
+_COMPILING = threading.Lock()
+
+
+def _compile_all() -> None:
+    """Every kernel as numba's dispatcher under its module-level name, all at once: a kernel that
+    calls another (_varint, _ordered) finds the other compiled when numba resolves its globals."""
+    with _COMPILING:
+        if not _PENDING:
+            return
+        import numba
+
+        for name, fn in list(_PENDING.items()):
+            globals()[name] = numba.njit(nogil=True, cache=True)(fn)
+        _PENDING.clear()
+
+
 def _compiled(fn):
-    return numba.njit(nogil=True, cache=True)(fn) if numba is not None else fn
+    """`fn` compiled at its first call (without numba: `fn` itself, for the numpy path's tests)."""
+    if not ENABLED:
+        return fn
+    _PENDING[fn.__name__] = fn
+
+    @functools.wraps(fn)
+    def first_call(*args):
+        _compile_all()
+        return globals()[fn.__name__](*args)
+
+    return first_call
 
 
 def class_bounds(dtype_bits, thresholds: list[int] | None, shift: int | None) -> np.ndarray:
