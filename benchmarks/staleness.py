@@ -134,7 +134,10 @@ def run_jobs(jobs: list[tuple], workers: int, on_result) -> None:
     Tiny models use CPU threads poorly: two single-thread processes finish two runs in the time one
     two-thread process takes for one (measured on the 2-core CI machine), so the full study runs
     one process per core. Each run is seeded on its own, so results do not depend on the order.
+    No more workers than jobs: a worker is a fresh interpreter importing torch and transformers
+    (about 5 CPU s on the 2-core machine), so one job (a resumed stage's last run) runs here.
     """
+    workers = max(1, min(workers, len(jobs)))
     threads = max(1, (os.cpu_count() or 1) // workers)
     if workers == 1:
         _start_worker(threads)
@@ -256,11 +259,11 @@ def main(argv=None) -> int:
     seeds = args.seeds or (1 if args.quick else 3)
     args.steps = args.steps or (40 if args.quick else 60)
     args.eval_problems = args.eval_problems or (100 if args.quick else 200)
-    from swarm.losses import LOSSES
+    from swarm.config.settings import LOSS_NAMES  # (swarm.losses would import torch before a bad option is named)
 
-    unknown = [loss for loss in losses if (re.match(r"\w+", loss) or [""])[0] not in LOSSES]
+    unknown = [loss for loss in losses if (re.match(r"\w+", loss) or [""])[0] not in LOSS_NAMES]
     if unknown or args.workers < 1 or args.first_seed < 0 or any(k < 0 for k in levels):
-        parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSSES)}" if unknown else
+        parser.error(f"unknown loss(es) {unknown}; choose from {sorted(LOSS_NAMES)}" if unknown else
                      "--workers must be >= 1, --first-seed and staleness levels >= 0")
     for loss in losses:
         try:

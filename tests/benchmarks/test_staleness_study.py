@@ -189,7 +189,7 @@ def test_a_loss_variant_and_a_later_stage_of_seeds_combine_into_one_report(tmp_p
     seeds (--first-seed) to the first; --combine reports both stages' runs together, each once, and
     refuses stages trained with other settings."""
     variant = "gepo[gepo_clip=weight+token-neg]"
-    first = study("--losses", f"grpo,{variant}", "--staleness", "2", "--seeds", "1", "--workers", "2",
+    first = study("--losses", f"grpo,{variant}", "--staleness", "2", "--seeds", "1", "--workers", "1",
                   "--out", str(tmp_path / "s1"), *TINY)
     assert first.returncode == 0, first.stderr[-3000:]
     second = study("--losses", variant, "--staleness", "2", "--seeds", "1", "--first-seed", "1", "--workers", "1",
