@@ -42,7 +42,8 @@ case "$cmd" in
         # would compile the modules it imports again, 0.7 CPU s a peer on the 2-core machine
         # (`import peers.sampler`: 4.9 s without the files, 4.2 s with). Python reads the files
         # whatever that setting says; an edited module is compiled afresh (its stamp no longer matches).
-        python -m compileall -q -j 0 swarm peers bootstrap benchmarks tests >/dev/null
+        # A module that does not compile is pytest's to report, with the test that imports it.
+        python -m compileall -q -j 0 swarm peers bootstrap benchmarks tests >/dev/null || true
         set +e
         # two lanes, one per core (tests/conftest.py puts each file in one)
         python -m pytest -n 2 --dist loadgroup "$@"
