@@ -50,8 +50,9 @@ def _compile_all() -> None:
             return
         import numba
 
-        for name, fn in list(_PENDING.items()):
-            globals()[name] = numba.njit(nogil=True, cache=True)(fn)
+        # (one update, under the GIL: a thread that takes a kernel by its module name meanwhile
+        # never gets a compiled one whose callee is still a stand-in)
+        globals().update({name: numba.njit(nogil=True, cache=True)(fn) for name, fn in _PENDING.items()})
         _PENDING.clear()
 
 
