@@ -36,14 +36,14 @@ export PATH="$PWD/$VENV/bin:$PATH"
 case "$cmd" in
     demo) exec swarm demo "$@" ;;
     test)
-        # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-        # The project's bytecode, written once: the suite starts some 500 Python processes (peers,
+        # The project's bytecode, written once: the suite starts some 800 Python processes (peers,
         # CLI commands), and where PYTHONDONTWRITEBYTECODE is set (as on CI's machines) each one
         # would compile the modules it imports again, 0.7 CPU s a peer on the 2-core machine
         # (`import peers.sampler`: 4.9 s without the files, 4.2 s with). Python reads the files
         # whatever that setting says; an edited module is compiled afresh (its stamp no longer matches).
         # A module that does not compile is pytest's to report, with the test that imports it.
         python -m compileall -q -j 0 swarm peers bootstrap benchmarks tests >/dev/null || true
+        # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
         set +e
         # two lanes, one per core (tests/conftest.py puts each file in one)
         python -m pytest -n 2 --dist loadgroup "$@"
