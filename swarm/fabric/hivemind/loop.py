@@ -119,6 +119,21 @@ async def _read_to_eof(reader: asyncio.StreamReader) -> None:
         pass
 
 
+def _ends_quietly_when_cancelled(handler):
+    """`handler`, ending normally when the server's close cancels it. asyncio runs each stream's
+    handler as a task whose done-callback (streams.py, Python 3.11) calls `task.exception()`, which
+    raises on a cancelled task: the loop then printed a CancelledError traceback for every stream
+    still open at a peer's stop (a sampler lingering over a weight answer at the learner's Ctrl-C)."""
+
+    async def served(stream_info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(stream_info, reader, writer)
+        except asyncio.CancelledError:
+            writer.close()  # the server is closing: the stream ends with it
+
+    return served
+
+
 class HostedStreamHandler:
     """A named binary stream handler on `dht`'s p2p daemon, served from its own loop thread."""
 
@@ -126,7 +141,7 @@ class HostedStreamHandler:
         self.name = name
         self.io = BackgroundLoop(thread_name)
         self.p2p = attach_p2p(dht, self.io)
-        self.io.run(self.p2p.add_binary_stream_handler(name, handler), timeout=30)
+        self.io.run(self.p2p.add_binary_stream_handler(name, _ends_quietly_when_cancelled(handler)), timeout=30)
         self.closed = False
 
     def close(self) -> None:

@@ -109,3 +109,39 @@ def test_a_closing_server_does_not_wait_for_requesters():
 
     took, eof = asyncio.run(scenario())
     assert took < 2 and eof == b""
+
+
+def test_a_server_closed_while_a_requester_lingers_logs_no_traceback(caplog):
+    """The learner stopped by Ctrl-C while a sampler still held a weight stream open: the handler's
+    task was cancelled in its wait for the requester's close and ended cancelled, and asyncio's
+    stream callback (Python 3.11) printed a CancelledError traceback into the learner's output."""
+    from hivemind.p2p import P2P
+
+    store = VersionStore()
+    store.add(0, {"w": __import__("torch").randn(64, 64)})
+    with LocalFabrics("hivemind", RUN) as fabrics:
+        holder, requester = fabrics.make(), fabrics.make()
+        server = holder.weight_server(store)
+        client = StreamClient(requester.dht, handler_name(RUN), thread_name="linger-test")
+
+        async def ask_and_hold():
+            reader, writer = await client.open(holder.peer_id)
+            await P2P.send_raw_data(msgpack.packb({"have": None, "want": 0}), writer)
+            msgpack.unpackb(await P2P.receive_raw_data(reader), raw=False)
+            await P2P.receive_raw_data(reader)
+            return writer  # left open: the holder lingers for our close
+
+        try:
+            writer = client.run(ask_and_hold(), timeout=30)
+            deadline = time.monotonic() + 10
+            while server.served < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.served == 1
+            with caplog.at_level("ERROR", logger="asyncio"):
+                server.close()  # cancels the lingering handler
+            errors = [r for r in caplog.records if r.name == "asyncio" and r.levelname == "ERROR"]
+            assert not errors, [r.getMessage() for r in errors]
+            writer.close()
+        finally:
+            client.close()
+            server.close()

@@ -122,7 +122,9 @@ def test_over_grpc_a_squatting_learner_does_not_set_the_version_status_shows(swa
     swarm.transport = "grpc"
     addr = swarm.start_bootstrap()
     learner, key = swarm.start_learner(addr, "--steps", "1000", "--checkpoint-every", "0", run_dir=tmp_path / "learner")
-    squatter = GrpcFabric(addr, "flood", throwaway_key(), heartbeat_s=5.0)
+    # one heartbeat only, so its record must outlive the `swarm status` calls below: at 5 s it
+    # expired after 15 s, which a status call on a loaded machine outlasted (the squatter went unlisted)
+    squatter = GrpcFabric(addr, "flood", throwaway_key(), heartbeat_s=60.0)
     try:
         # a peer of its own key calls itself a learner at version 999999 and announces it
         assert squatter.heartbeat(Heartbeat(role="learner", version=SQUATTED_VERSION))

@@ -30,16 +30,20 @@ def swarm(tmp_path):
         kill_started(local)  # only the processes this test started, by pid
 
 
+# the test heartbeats once, so records must outlive every wait below (at 5 s they expired after 15 s)
+HEARTBEAT_S = 60.0
+
+
 def peer(transport: str, addr: str, key):
     """A peer of its own key joined through `addr` (the squatter is one: its records are well-formed and signed)."""
     if transport == "grpc":
         from swarm.fabric.grpc.fabric import GrpcFabric
 
-        return GrpcFabric(addr, RUN, key, heartbeat_s=5.0)
+        return GrpcFabric(addr, RUN, key, heartbeat_s=HEARTBEAT_S)
     from swarm.fabric.hivemind.dht import start_dht
     from swarm.fabric.hivemind.fabric import HivemindFabric
 
-    return HivemindFabric(*start_dht(RUN, initial_peers=[addr], signing_key=key), RUN, heartbeat_s=5.0)
+    return HivemindFabric(*start_dht(RUN, initial_peers=[addr], signing_key=key), RUN, heartbeat_s=HEARTBEAT_S)
 
 
 @pytest.mark.parametrize("transport", ["hivemind", "grpc"])
