@@ -16,6 +16,7 @@ from swarm.cli.consoles import stdout_console
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
 from swarm.cli.plots import plot_steps
 from swarm.config import DemoConfig, EvalConfig
+from swarm.model.paths import check_local_model
 from swarm.progress import progress_for
 from swarm.runlog import STEPS_FILE, read_jsonl
 from swarm.signals import note_signal
@@ -37,6 +38,7 @@ def eval_command(config_file, as_json, **options):
     config = config_from_options("eval", config_file, options)
     with user_errors(OSError):
         check_task_name(config.task)  # (light: no torch)
+        check_local_model(config.model)
     # torch and transformers (seconds): imported once the options and the task are good, not at `swarm --help`
     from swarm.evaluation import evaluate
 

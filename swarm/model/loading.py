@@ -8,6 +8,7 @@ from swarm.hub import cached_snapshot, hub_offline, hub_unreachable
 from swarm.lora import is_adapter_dir
 from swarm.model.device import resolve_device, resolve_dtype
 from swarm.model.embedded import embedded_model_dir
+from swarm.model.paths import check_local_model
 
 EMBEDDED = "embedded"
 
@@ -27,8 +28,7 @@ def resolve_model_dir(model: str | None, *, progress: bool = True) -> str:
                 f"(saved with save_pretrained) or '{EMBEDDED}' for the embedded default"
             )
         return str(path)
-    if model.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"model directory {model} does not exist")
+    check_local_model(model)
     return hub_model(model)
 
 

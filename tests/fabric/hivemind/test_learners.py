@@ -292,6 +292,7 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
     import subprocess
     import sys
     import time
+    from pathlib import Path
 
     from swarm.runlog import read_jsonl, wait_ready
 
@@ -331,11 +332,16 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         return [p.pid for p in psutil.process_iter(["cmdline"])
                 if any(arg == run_dir or identity in arg for arg in p.info["cmdline"] or [])]
 
-    def learner_key(identity):
-        out = subprocess.run([*swarm, "learner-key", "--identity-dir", str(tmp_path / identity)], capture_output=True,
-                             text=True, env=env, timeout=60)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.strip()
+    def certificate(identity, signer_key_file):
+        """The certificate `signer_key_file`'s owner signs for the learner key of `identity`, made as
+        `swarm learner-key` and `swarm authorize` make it, in this process: six CLI starts fewer on
+        this test's path (test_certificates runs those commands themselves)."""
+        from swarm.fabric.membership.authority import issue
+        from swarm.fabric.membership.identity import load_existing_signing_key, load_or_create_signing_key
+        from swarm.fabric.signing import owner_key
+
+        learner = load_or_create_signing_key(tmp_path / identity / "learner.sign.key")
+        return issue(load_existing_signing_key(Path(signer_key_file)), "swarm", owner_key(learner)).token
 
     def published(name):  # version -> hash, as published (in the background: a version may be skipped)
         path = tmp_path / name / "events.jsonl"
@@ -363,26 +369,18 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
                   "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(tmp_path / f"{s}-id"),
                   "--run-dir", str(tmp_path / s))
         # the owner certifies a second learner's key; the certificate is all that learner needs
-        cert = tmp_path / "second.cert"
-        out = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
-                              learner_key("second-id"), "--run-id", "swarm", "--out", str(cert)],
-                             capture_output=True, text=True, env=env, timeout=60)
-        assert out.returncode == 0, out.stderr
+        cert = tmp_path / "second.cert"  # as a file (`authorize --out`); the others as the token itself
+        cert.write_text(certificate("second-id", owner["owner_key_file"]))
         # and a third's, which joins late (made now: the late joiner then starts the moment the second dies)
-        cert3 = subprocess.run([*swarm, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key",
-                                learner_key("third-id"), "--run-id", "swarm"], capture_output=True, text=True, env=env,
-                               timeout=60).stdout.strip()
+        cert3 = certificate("third-id", owner["owner_key_file"])
         spawn("second", "learner", "--peers", addr, "--run-dir", str(tmp_path / "second"), "--identity-dir",
               str(tmp_path / "second-id"), "--certificate", str(cert), *learner_args)
         second = ready("second")
         assert second["learner_key"] == owner["learner_key"] != second["own_key"]  # samplers pin the run, not it
         # a stranger signs its own certificate: a run of its own that nobody follows
-        stranger_key_file = tmp_path / "stranger-id" / "learner.sign.key"
-        stranger_key = learner_key("stranger-id")
-        forged = subprocess.run([*swarm, "authorize", "--owner-key-file", str(stranger_key_file), "--learner-key",
-                                 stranger_key, "--run-id", "swarm"], capture_output=True, text=True, env=env, timeout=60)
+        forged = certificate("stranger-id", tmp_path / "stranger-id" / "learner.sign.key")
         spawn("stranger", "learner", "--peers", addr, "--run-dir", str(tmp_path / "stranger"), "--identity-dir",
-              str(tmp_path / "stranger-id"), "--certificate", forged.stdout.strip(), *learner_args)
+              str(tmp_path / "stranger-id"), "--certificate", forged, *learner_args)
 
         # together: the same weights at every version both published, gradients from both
         wait_for(lambda: (same_weights("owner", "second", 2) is not None
