@@ -41,6 +41,7 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllreduceException
 from hivemind.averaging.control import AveragingStage, StepControl
+from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.compression import deserialize_tensor_stream
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
@@ -286,6 +287,21 @@ class RoundResult:
     partial: bool = False
 
 
+class _HandledRoundFailures(logging.Filter):
+    """hivemind's averager logs a round it gives up on at ERROR, with a traceback ("could not find a
+    group"), though that is no error here: `LearnerGroup.average` returns the failure, and the learner
+    records it (an `averaging_alone` event) and steps alone. A learner whose partner had stopped
+    printed a traceback for every round."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        return not isinstance(failure, (AllreduceException, MatchmakingException, asyncio.CancelledError))
+
+
+_AVERAGER_LOG = logging.getLogger("hivemind.averaging.averager")
+_AVERAGER_LOG.addFilter(_HandledRoundFailures())  # before any averager process forks: they inherit it
+
+
 class LearnerGroup:
     """This learner's membership of the run's averaging group (hivemind transport).
 
@@ -393,7 +409,9 @@ class LearnerGroup:
         return found[0], found[1], list(found[2])
 
     def close(self) -> None:
+        if not self.averager.is_alive():  # gone already (its learner's stop reached it first): hivemind's
+            return  # shutdown would log an ERROR saying only that
         try:
             self.averager.shutdown()
-        except Exception:  # noqa: BLE001 - shutting down a dead averager
+        except Exception:  # noqa: BLE001 - an averager that dies while it is shut down
             pass

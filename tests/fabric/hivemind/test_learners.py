@@ -3,6 +3,7 @@ hivemind averagers, who may average, publish and download state, and the exact f
 that makes every learner take the same step."""
 
 import contextlib
+import logging
 import threading
 import time
 
@@ -478,3 +479,40 @@ def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
 
     no_rows = round_outcome(round_([me, other], grads=None, error=""), 5, me.weights_hash)
     assert no_rows.grads is None and not no_rows.resync and no_rows.metrics["averaging_error"] == "no rows in the group"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_handled_round_failures_and_a_dead_averager_log_no_error():
+    """A round nobody joins is the learner's `averaging_alone` event, not hivemind's ERROR with a
+    traceback ("could not find a group"); closing a group whose averager died first is not an ERROR
+    either ("Averager shutdown has no effect"). Both printed at every multi-learner run's end."""
+    from hivemind.averaging.allreduce import AllreduceException
+    from hivemind.averaging.matchmaking import MatchmakingException
+
+    log = logging.getLogger("hivemind.averaging.averager")  # its averager process logs through this logger too
+    seen = _Records()
+    log.addHandler(seen)
+    try:
+        for failure in (AllreduceException("Averaging step failed: could not find a group"), MatchmakingException("x"),
+                        RuntimeError("a real fault")):
+            try:
+                raise failure
+            except Exception as exc:  # noqa: BLE001
+                log.exception(exc)  # as hivemind's DecentralizedAverager._step logs a round it gives up on
+        assert [r.getMessage() for r in seen.records] == ["a real fault"]  # what nobody handles is still shown
+        seen.records.clear()
+        with learner_groups([None]) as (groups, params):
+            (alone,) = groups
+            alone.averager.terminate()
+            alone.averager.join(timeout=10)
+        assert not [r for r in seen.records if r.levelno >= logging.ERROR], [r.getMessage() for r in seen.records]
+    finally:
+        log.removeHandler(seen)
