@@ -33,6 +33,21 @@ logger = logging.getLogger(__name__)
 PARENT_POLL_S = 0.5  # how soon a DHT process whose peer died notices and exits
 
 
+class _GoneRequesters(logging.Filter):
+    """A request whose sender died before the DHT process read it (an averager process stopped with
+    its learner) cannot be answered: the pipe it sent for the reply went with its resource sharer.
+    hivemind's DHT loop logs that at ERROR with a traceback (ConnectionResetError or
+    ConnectionRefusedError in multiprocessing's resource_sharer) and reads on; nothing is lost, and
+    a learner killed mid-run printed it from its dying DHT process."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        return not (record.funcName == "_run" and isinstance(failure, ConnectionError))
+
+
+logging.getLogger("hivemind.dht.dht").addFilter(_GoneRequesters())  # before a DHT process forks: it inherits it
+
+
 def listen_maddrs(host: str, port: int) -> list[str]:
     """TCP multiaddrs to listen on: an IPv4 or IPv6 literal host, port 0 meaning any free port."""
     if not 0 <= port <= 65535:
