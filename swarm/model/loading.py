@@ -18,6 +18,7 @@ def resolve_model_dir(model: str | None, *, progress: bool = True) -> str:
     directory -> itself; anything else is a hub id (`hub_model`)."""
     if model in (None, "", EMBEDDED):
         return str(embedded_model_dir(progress=progress))
+    check_local_model(model)  # a local name that does not exist (or names no user) is said at once
     path = Path(model).expanduser()
     if path.exists():
         if is_adapter_dir(path):  # a LoRA run's checkpoint: its adapter, over the base it names
@@ -28,7 +29,6 @@ def resolve_model_dir(model: str | None, *, progress: bool = True) -> str:
                 f"(saved with save_pretrained) or '{EMBEDDED}' for the embedded default"
             )
         return str(path)
-    check_local_model(model)
     return hub_model(model)
 
 

@@ -10,5 +10,11 @@ LOCAL_PREFIXES = (".", "/", "~")  # a name that starts so is a local directory, 
 
 def check_local_model(model: str | None) -> None:
     """FileNotFoundError when `model` names a local directory that does not exist."""
-    if model and model.startswith(LOCAL_PREFIXES) and not Path(model).expanduser().exists():
+    if not model or not model.startswith(LOCAL_PREFIXES):
+        return
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:  # ~name of no user here
+        raise FileNotFoundError(f"model directory {model} does not exist: {model.split('/')[0]} names no user here") from None
+    if not path.exists():
         raise FileNotFoundError(f"model directory {model} does not exist")

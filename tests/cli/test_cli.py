@@ -84,6 +84,7 @@ def test_eval_of_a_hub_model_fails_at_once_without_the_hub(tmp_path):
     [
         (["eval", "--task", "nope.jsonl"], "nope.jsonl does not exist"),
         (["eval", "--model", "./missing-model"], "missing-model does not exist"),
+        (["eval", "--model", "~no-such-user-gepo/model"], "~no-such-user-gepo names no user here"),
         (["eval", "--task", "gsm8k"], "unknown task 'gsm8k'"),
         # the task is checked before the model is looked for (and loaded: seconds of imports and weights)
         (["eval", "--task", "gsm8k", "--model", "./missing-model"], "unknown task 'gsm8k'"),

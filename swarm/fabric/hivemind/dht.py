@@ -22,6 +22,7 @@ from hivemind.dht.schema import SchemaValidator
 from hivemind.utils.crypto import RSAPrivateKey
 
 from swarm.config import split_host_port
+from swarm.fabric.hivemind.log_filters import DemoteHandled
 from swarm.fabric.hivemind.record_rules import OwnerRules
 from swarm.fabric.hivemind.records import make_schema
 from swarm.fabric.interface import JoinError
@@ -33,19 +34,16 @@ logger = logging.getLogger(__name__)
 PARENT_POLL_S = 0.5  # how soon a DHT process whose peer died notices and exits
 
 
-class _GoneRequesters(logging.Filter):
+def _gone_requester(record: logging.LogRecord, failure: BaseException | None) -> bool:
     """A request whose sender died before the DHT process read it (an averager process stopped with
     its learner) cannot be answered: the pipe it sent for the reply went with its resource sharer.
     hivemind's DHT loop logs that at ERROR with a traceback (ConnectionResetError or
     ConnectionRefusedError in multiprocessing's resource_sharer) and reads on; nothing is lost, and
     a learner killed mid-run printed it from its dying DHT process."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        failure = record.exc_info[1] if record.exc_info else None
-        return not (record.funcName == "_run" and isinstance(failure, ConnectionError))
+    return record.funcName == "_run" and isinstance(failure, ConnectionError)
 
 
-logging.getLogger("hivemind.dht.dht").addFilter(_GoneRequesters())  # before a DHT process forks: it inherits it
+logging.getLogger("hivemind.dht.dht").addFilter(DemoteHandled(_gone_requester))  # before a DHT process forks: it inherits it
 
 
 def listen_maddrs(host: str, port: int) -> list[str]:

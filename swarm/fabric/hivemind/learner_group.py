@@ -41,7 +41,6 @@ import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllreduceException
 from hivemind.averaging.control import AveragingStage, StepControl
-from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.compression import deserialize_tensor_stream
 from hivemind.p2p import P2PContext, PeerID
 from hivemind.proto import averaging_pb2
@@ -49,10 +48,12 @@ from hivemind.utils.asyncio import aiter_with_timeout
 from hivemind.utils.mpfuture import MPFuture
 
 from swarm.fabric.hivemind.dht import exit_with_parent
+from swarm.fabric.hivemind.log_filters import DemoteHandled
 
 logger = logging.getLogger(__name__)
 
 
+NO_GROUP = "could not find a group"  # the end of hivemind's error for a round nobody joined (averager.py, _step)
 FIXED_POINT_BITS = 24  # gradient * rows is sent in units of 2^-24
 # |value| above this is clamped: with at most MAX_MEMBERS members the float64 average of integers
 # below 2^43 comes back within 0.1 of the exact sum once multiplied by the member count
@@ -287,19 +288,18 @@ class RoundResult:
     partial: bool = False
 
 
-class _HandledRoundFailures(logging.Filter):
-    """hivemind's averager logs a round it gives up on at ERROR, with a traceback ("could not find a
+def _nobody_joined(record: logging.LogRecord, failure: BaseException | None) -> bool:
+    """hivemind's averager logs a round nobody joined at ERROR, with a traceback ("could not find a
     group"), though that is no error here: `LearnerGroup.average` returns the failure, and the learner
     records it (an `averaging_alone` event) and steps alone. A learner whose partner had stopped
-    printed a traceback for every round."""
+    printed a traceback for every round. Other failed rounds (a group with an unauthorised peer, an
+    incomplete all-reduce) are still shown."""
+    nobody_came = isinstance(failure, AllreduceException) and str(failure).endswith(NO_GROUP)
+    return nobody_came or isinstance(failure, asyncio.CancelledError)
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        failure = record.exc_info[1] if record.exc_info else None
-        return not isinstance(failure, (AllreduceException, MatchmakingException, asyncio.CancelledError))
 
-
-_AVERAGER_LOG = logging.getLogger("hivemind.averaging.averager")
-_AVERAGER_LOG.addFilter(_HandledRoundFailures())  # before any averager process forks: they inherit it
+# before any averager process forks: they inherit it
+logging.getLogger("hivemind.averaging.averager").addFilter(DemoteHandled(_nobody_joined))
 
 
 class LearnerGroup:
@@ -410,7 +410,9 @@ class LearnerGroup:
 
     def close(self) -> None:
         if not self.averager.is_alive():  # gone already (its learner's stop reached it first): hivemind's
-            return  # shutdown would log an ERROR saying only that
+            # shutdown would log an ERROR saying only that, and leave its state-fetching thread waiting
+            self.averager._inner_pipe.send(("_SHUTDOWN", None))  # what that shutdown sends the thread
+            return
         try:
             self.averager.shutdown()
         except Exception:  # noqa: BLE001 - an averager that dies while it is shut down

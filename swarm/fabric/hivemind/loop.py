@@ -64,11 +64,15 @@ def _quiet_late_streams(loop: asyncio.AbstractEventLoop, context: dict) -> None:
     """A stream that reaches a handler just removed (the daemon dispatched it a moment before a peer
     closed its weight server or inbox, as at a learner's end of run) fails in hivemind's dispatcher
     with DispatchFailure, which asyncio printed as two tracebacks (KeyError, then DispatchFailure).
-    Its requester sees a closed stream and asks elsewhere: that is a debug line. Anything else goes
-    to asyncio's own handler."""
+    Its requester sees a closed stream and asks elsewhere: that is a debug line. So is a stream task
+    cancelled by the loop's stop before it reached the handler (see _ends_quietly_when_cancelled).
+    Anything else goes to asyncio's own handler."""
     if isinstance(context.get("exception"), DispatchFailure):
         logger.debug("a stream reached a closed handler: %s", context["exception"])
         return
+    if isinstance(context.get("exception"), asyncio.CancelledError):  # a stream's task cancelled as the loop
+        logger.debug("a stream cancelled at its handler's close: %s", context.get("message"))  # stops, before
+        return  # it reached our handler (hivemind's dispatcher still reading the stream's header)
     loop.default_exception_handler(context)
 
 
@@ -129,6 +133,9 @@ def _ends_quietly_when_cancelled(handler):
         try:
             await handler(stream_info, reader, writer)
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():
+                raise  # not this stream's task cancelled (an awaited future's own cancellation): not ours to end
             writer.close()  # the server is closing: the stream ends with it
 
     return served

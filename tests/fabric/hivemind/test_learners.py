@@ -481,6 +481,16 @@ def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
     assert no_rows.grads is None and not no_rows.resync and no_rows.metrics["averaging_error"] == "no rows in the group"
 
 
+@contextlib.contextmanager
+def debug_level(log: logging.Logger):
+    before = log.level
+    log.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
+
+
 class _Records(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)
@@ -494,6 +504,8 @@ def test_handled_round_failures_and_a_dead_averager_log_no_error():
     """A round nobody joins is the learner's `averaging_alone` event, not hivemind's ERROR with a
     traceback ("could not find a group"); closing a group whose averager died first is not an ERROR
     either ("Averager shutdown has no effect"). Both printed at every multi-learner run's end."""
+    import asyncio
+
     from hivemind.averaging.allreduce import AllreduceException
     from hivemind.averaging.matchmaking import MatchmakingException
 
@@ -501,13 +513,23 @@ def test_handled_round_failures_and_a_dead_averager_log_no_error():
     seen = _Records()
     log.addHandler(seen)
     try:
-        for failure in (AllreduceException("Averaging step failed: could not find a group"), MatchmakingException("x"),
+        for failure in (AllreduceException("Averaging step failed: could not find a group"), asyncio.CancelledError(),
+                        AllreduceException("group holds unauthorised peer(s): Qm..."), MatchmakingException("x"),
                         RuntimeError("a real fault")):
             try:
                 raise failure
-            except Exception as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001
                 log.exception(exc)  # as hivemind's DecentralizedAverager._step logs a round it gives up on
-        assert [r.getMessage() for r in seen.records] == ["a real fault"]  # what nobody handles is still shown
+        # a round nobody joined is the learner's to report; any other failed round is still shown
+        assert [r.getMessage() for r in seen.records] == ["group holds unauthorised peer(s): Qm...", "x", "a real fault"]
+        assert {r.levelname for r in seen.records} == {"ERROR"}
+        seen.records.clear()
+        with debug_level(log):  # demoted, not dropped: a peer logging at DEBUG still shows it
+            try:
+                raise AllreduceException("Averaging step failed: could not find a group")
+            except AllreduceException as exc:
+                log.exception(exc)
+        assert [(r.levelname, r.getMessage()) for r in seen.records] == [("DEBUG", "Averaging step failed: could not find a group")]
         seen.records.clear()
         with learner_groups([None]) as (groups, params):
             (alone,) = groups
@@ -541,5 +563,9 @@ def test_a_dht_request_from_a_dead_process_logs_no_error():
         log.error("a message with no exception")
         assert [r.getMessage() for r in seen.records] == ["a real fault", "a broken pipe of this process's own",
                                                           "a message with no exception"]
+        seen.records.clear()
+        with debug_level(log):
+            _run(ConnectionResetError(104, "Connection reset by peer"))
+        assert [r.levelname for r in seen.records] == ["DEBUG"]
     finally:
         log.removeHandler(seen)

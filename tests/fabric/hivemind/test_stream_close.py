@@ -115,10 +115,11 @@ def test_a_server_closed_while_a_requester_lingers_logs_no_traceback(caplog):
     """The learner stopped by Ctrl-C while a sampler still held a weight stream open: the handler's
     task was cancelled in its wait for the requester's close and ended cancelled, and asyncio's
     stream callback (Python 3.11) printed a CancelledError traceback into the learner's output."""
+    import torch
     from hivemind.p2p import P2P
 
     store = VersionStore()
-    store.add(0, {"w": __import__("torch").randn(64, 64)})
+    store.add(0, {"w": torch.randn(64, 64)})
     with LocalFabrics("hivemind", RUN) as fabrics:
         holder, requester = fabrics.make(), fabrics.make()
         server = holder.weight_server(store)
@@ -145,3 +146,50 @@ def test_a_server_closed_while_a_requester_lingers_logs_no_traceback(caplog):
         finally:
             client.close()
             server.close()
+
+
+def test_a_cancelled_stream_ends_quietly_and_another_cancellation_still_propagates(caplog):
+    """The handler wrapper ends a stream its server's close cancelled (task.cancelling() set), but
+    lets through a CancelledError that is not that (an awaited future someone else cancelled); and a
+    stream task the loop's stop cancelled before it reached the handler is a debug line, not asyncio's
+    'Exception in callback'."""
+    from swarm.fabric.hivemind.loop import _ends_quietly_when_cancelled, _quiet_late_streams
+
+    async def scenario() -> tuple[str, bytes, str]:
+        h_reader, h_writer, r_reader, r_writer = await _stream_pair()
+
+        async def lingers(info, reader, writer):
+            await asyncio.sleep(60)
+
+        task = asyncio.create_task(_ends_quietly_when_cancelled(lingers)(None, h_reader, h_writer))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        ended = "cancelled" if task.cancelled() else "normally"
+        eof = await asyncio.wait_for(r_reader.read(), 5)  # the wrapper closed the stream
+        r_writer.close()
+
+        async def awaits_a_cancelled_future(info, reader, writer):
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            await future
+
+        h_reader, h_writer, _, r_writer = await _stream_pair()
+        other = asyncio.create_task(_ends_quietly_when_cancelled(awaits_a_cancelled_future)(None, h_reader, h_writer))
+        await asyncio.gather(other, return_exceptions=True)
+        r_writer.close()
+        h_writer.close()
+        return ended, eof, "cancelled" if other.cancelled() else "normally"
+
+    ended, eof, other = asyncio.run(scenario())
+    assert (ended, eof, other) == ("normally", b"", "cancelled")
+
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level("DEBUG"):
+            _quiet_late_streams(loop, {"message": "Exception in callback", "exception": asyncio.CancelledError()})
+            _quiet_late_streams(loop, {"message": "something else", "exception": ValueError("shown")})
+    finally:
+        loop.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == ["something else"], errors
