@@ -2,6 +2,7 @@
 holder's early close into a reset that throws away the answer's unread tail (close_after_requester)."""
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -15,19 +16,25 @@ from swarm.fabric.hivemind.weights import handler_name
 RUN = "stream-close-test"
 
 
+@contextlib.contextmanager
+def served_version(side: int, thread_name: str):
+    """(holder, its weight server of version 0, a requester's StreamClient) over two real hivemind peers."""
+    import torch
+
+    store = VersionStore()
+    store.add(0, {"w": torch.randn(side, side)})
+    with LocalFabrics("hivemind", RUN) as fabrics:
+        holder, requester = fabrics.make(), fabrics.make()
+        yield holder, holder.weight_server(store), StreamClient(requester.dht, handler_name(RUN), thread_name=thread_name)
+
+
 def test_a_holder_keeps_the_stream_open_until_its_requester_closes():
     """A requester that has read the whole answer and waits: the holder's end stays open (no EOF
     for a second), so nothing the daemons still carry can be reset away. The old handler closed
     at once, and a loaded machine lost a 9 MiB snapshot's last MiB to the reset that followed."""
-    import torch
     from hivemind.p2p import P2P
 
-    store = VersionStore()
-    store.add(0, {"w": torch.randn(512, 512)})
-    with LocalFabrics("hivemind", RUN) as fabrics:
-        holder, requester = fabrics.make(), fabrics.make()
-        server = holder.weight_server(store)
-        client = StreamClient(requester.dht, handler_name(RUN), thread_name="close-test")
+    with served_version(512, "close-test") as (holder, server, client):
 
         async def ask_then_wait() -> tuple[int, int, bytes | None]:
             reader, writer = await client.open(holder.peer_id)
@@ -115,15 +122,9 @@ def test_a_server_closed_while_a_requester_lingers_logs_no_traceback(caplog):
     """The learner stopped by Ctrl-C while a sampler still held a weight stream open: the handler's
     task was cancelled in its wait for the requester's close and ended cancelled, and asyncio's
     stream callback (Python 3.11) printed a CancelledError traceback into the learner's output."""
-    import torch
     from hivemind.p2p import P2P
 
-    store = VersionStore()
-    store.add(0, {"w": torch.randn(64, 64)})
-    with LocalFabrics("hivemind", RUN) as fabrics:
-        holder, requester = fabrics.make(), fabrics.make()
-        server = holder.weight_server(store)
-        client = StreamClient(requester.dht, handler_name(RUN), thread_name="linger-test")
+    with served_version(64, "linger-test") as (holder, server, client):
 
         async def ask_and_hold():
             reader, writer = await client.open(holder.peer_id)
