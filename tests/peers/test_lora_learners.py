@@ -14,6 +14,7 @@ import time
 
 
 from swarm.runlog import read_jsonl, wait_ready
+from tests.helpers.certificates import certificate
 from tests.helpers.processes import kill_tree
 
 SWARM = [sys.executable, "-m", "swarm.cli"]
@@ -24,9 +25,6 @@ LEARNER = ["--steps", "1000", "--groups-per-step", "2", "--checkpoint-every", "0
 
 def test_lora_learners_average_the_adapter_alone_and_refuse_another_rank(tmp_path):
     from swarm.config.settings import LORA_TARGET_MODULES
-    from swarm.fabric.membership.authority import issue
-    from swarm.fabric.membership.identity import load_existing_signing_key, load_or_create_signing_key
-    from swarm.fabric.signing import owner_key
     from swarm.lora import wrap_lora
     from swarm.model.loading import load_policy
 
@@ -65,12 +63,10 @@ def test_lora_learners_average_the_adapter_alone_and_refuse_another_rank(tmp_pat
         return read_jsonl(path) if path.exists() else []
 
     def certified(name):
-        """A learner's arguments with the owner's certificate for its key (as `swarm learner-key` and
-        `swarm authorize` make them, in this process: two CLI starts fewer per learner)."""
+        """A learner's arguments with the owner's certificate for its key."""
         identity = tmp_path / f"{name}-id"
-        key = load_or_create_signing_key(identity / "learner.sign.key")
-        token = issue(load_existing_signing_key(owner["owner_key_file"]), "swarm", owner_key(key)).token
-        return ["--run-dir", str(tmp_path / name), "--identity-dir", str(identity), "--certificate", token]
+        return ["--run-dir", str(tmp_path / name), "--identity-dir", str(identity),
+                "--certificate", certificate(identity, owner["owner_key_file"])]
 
     # the adapter's size on this model (the learners' default targets)
     adapter_elements = sum(p.numel() for p in wrap_lora(load_policy("embedded")[0], r=4, alpha=8,

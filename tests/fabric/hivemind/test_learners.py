@@ -293,9 +293,8 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
     import subprocess
     import sys
     import time
-    from pathlib import Path
-
     from swarm.runlog import read_jsonl, wait_ready
+    from tests.helpers.certificates import certificate as certificate_for
 
     swarm = [sys.executable, "-m", "swarm.cli"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -333,16 +332,8 @@ def test_learners_train_one_run_together_survive_a_kill_take_a_late_joiner_and_i
         return [p.pid for p in psutil.process_iter(["cmdline"])
                 if any(arg == run_dir or identity in arg for arg in p.info["cmdline"] or [])]
 
-    def certificate(identity, signer_key_file):
-        """The certificate `signer_key_file`'s owner signs for the learner key of `identity`, made as
-        `swarm learner-key` and `swarm authorize` make it, in this process: six CLI starts fewer on
-        this test's path (test_certificates runs those commands themselves)."""
-        from swarm.fabric.membership.authority import issue
-        from swarm.fabric.membership.identity import load_existing_signing_key, load_or_create_signing_key
-        from swarm.fabric.signing import owner_key
-
-        learner = load_or_create_signing_key(tmp_path / identity / "learner.sign.key")
-        return issue(load_existing_signing_key(Path(signer_key_file)), "swarm", owner_key(learner)).token
+    def certificate(identity, signer_key_file):  # in this process: six CLI starts fewer on this test's path
+        return certificate_for(tmp_path / identity, signer_key_file)
 
     def published(name):  # version -> hash, as published (in the background: a version may be skipped)
         path = tmp_path / name / "events.jsonl"
@@ -500,6 +491,25 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+@contextlib.contextmanager
+def records_of(log: logging.Logger):
+    """The records `log` lets through to its handlers (its filters applied) while in the block."""
+    seen = _Records()
+    log.addHandler(seen)
+    try:
+        yield seen.records
+    finally:
+        log.removeHandler(seen)
+
+
+def log_raised(log: logging.Logger, failure: BaseException) -> None:
+    """`failure` logged as hivemind logs what it catches (logger.exception, with its traceback)."""
+    try:
+        raise failure
+    except BaseException as exc:  # noqa: BLE001
+        log.exception(exc)
+
+
 def test_handled_round_failures_and_a_dead_averager_log_no_error():
     """A round nobody joins is the learner's `averaging_alone` event, not hivemind's ERROR with a
     traceback ("could not find a group"); closing a group whose averager died first is not an ERROR
@@ -510,34 +520,24 @@ def test_handled_round_failures_and_a_dead_averager_log_no_error():
     from hivemind.averaging.matchmaking import MatchmakingException
 
     log = logging.getLogger("hivemind.averaging.averager")  # its averager process logs through this logger too
-    seen = _Records()
-    log.addHandler(seen)
-    try:
+    with records_of(log) as seen:
         for failure in (AllreduceException("Averaging step failed: could not find a group"), asyncio.CancelledError(),
                         AllreduceException("group holds unauthorised peer(s): Qm..."), MatchmakingException("x"),
                         RuntimeError("a real fault")):
-            try:
-                raise failure
-            except BaseException as exc:  # noqa: BLE001
-                log.exception(exc)  # as hivemind's DecentralizedAverager._step logs a round it gives up on
+            log_raised(log, failure)  # as hivemind's DecentralizedAverager._step logs a round it gives up on
         # a round nobody joined is the learner's to report; any other failed round is still shown
-        assert [r.getMessage() for r in seen.records] == ["group holds unauthorised peer(s): Qm...", "x", "a real fault"]
-        assert {r.levelname for r in seen.records} == {"ERROR"}
-        seen.records.clear()
+        assert [r.getMessage() for r in seen] == ["group holds unauthorised peer(s): Qm...", "x", "a real fault"]
+        assert {r.levelname for r in seen} == {"ERROR"}
+        seen.clear()
         with debug_level(log):  # demoted, not dropped: a peer logging at DEBUG still shows it
-            try:
-                raise AllreduceException("Averaging step failed: could not find a group")
-            except AllreduceException as exc:
-                log.exception(exc)
-        assert [(r.levelname, r.getMessage()) for r in seen.records] == [("DEBUG", "Averaging step failed: could not find a group")]
-        seen.records.clear()
+            log_raised(log, AllreduceException("Averaging step failed: could not find a group"))
+        assert [(r.levelname, r.getMessage()) for r in seen] == [("DEBUG", "Averaging step failed: could not find a group")]
+        seen.clear()
         with learner_groups([None]) as (groups, params):
             (alone,) = groups
             alone.averager.terminate()
             alone.averager.join(timeout=10)
-        assert not [r for r in seen.records if r.levelno >= logging.ERROR], [r.getMessage() for r in seen.records]
-    finally:
-        log.removeHandler(seen)
+        assert not [r for r in seen if r.levelno >= logging.ERROR], [r.getMessage() for r in seen]
 
 
 def test_a_dht_request_from_a_dead_process_logs_no_error():
@@ -547,25 +547,21 @@ def test_a_dht_request_from_a_dead_process_logs_no_error():
     import swarm.fabric.hivemind.dht  # noqa: F401  installs the filter
 
     log = logging.getLogger("hivemind.dht.dht")
-    seen = _Records()
-    log.addHandler(seen)
 
-    def _run(failure):  # named as hivemind.dht.dht.DHT._run, whose records are filtered
+    def _run(failure):  # named as hivemind.dht.dht.DHT._run, whose records are filtered (by the logging call's function)
         try:
             raise failure
         except Exception as exc:  # noqa: BLE001
             log.exception(exc)
 
-    try:
+    with records_of(log) as seen:
         for failure in (ConnectionResetError(104, "Connection reset by peer"), ConnectionRefusedError(111, "refused"),
                         RuntimeError("a real fault"), OSError("a broken pipe of this process's own")):
             _run(failure)
         log.error("a message with no exception")
-        assert [r.getMessage() for r in seen.records] == ["a real fault", "a broken pipe of this process's own",
-                                                          "a message with no exception"]
-        seen.records.clear()
+        assert [r.getMessage() for r in seen] == ["a real fault", "a broken pipe of this process's own",
+                                                  "a message with no exception"]
+        seen.clear()
         with debug_level(log):
             _run(ConnectionResetError(104, "Connection reset by peer"))
-        assert [r.levelname for r in seen.records] == ["DEBUG"]
-    finally:
-        log.removeHandler(seen)
+        assert [r.levelname for r in seen] == ["DEBUG"]
