@@ -96,8 +96,9 @@ SMALL = Size("small", TINY, sampler=Shape(2, 2, 8, 8), learner=Shape(4, 2, 8, 16
              delta_step=Shape(2, 2, 8, 8), gap=Shape(3, 2, 8, 8), gap_rows_per_call=4, vllm=Shape(2, 2, 8, 8),
              publish=(Shape(2, 2, 8, 16), 1, 2), demo=("--steps", "2", "--groups-per-step", "2", "--num-generations", "2", "--samplers", "1",
                    "--prompts-per-round", "2", "--eval-problems", "4", "--eval-samples", "1"),
-             budgets=dict(demo=90, sampler=40, learner=40, delta=40, verification_gap=40, publish=30, vllm_sampler=40),
-             total_s=300)
+             # room for a CI machine that runs the other lane of tests beside it (the demo alone takes 25-50 s)
+             budgets=dict(demo=120, sampler=40, learner=40, delta=40, verification_gap=40, publish=30, vllm_sampler=40),
+             total_s=330)
 
 
 @dataclass

@@ -86,17 +86,24 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
 
     console.print(f"[bold]swarm demo[/]: a bootstrap node, a learner ({config.loss.name}) and {config.samplers} samplers as "
                   f"processes on 127.0.0.1 over {config.transport}; logs in {run_dir / 'logs'}")
-    console.print(f"accuracy of {config.model} before training (held-out {config.task} test split) ...")
-    before = _eval(config.model, config)
     settings = run_dir / "swarm.yaml"
     settings.write_text(yaml.safe_dump(peer_settings(config), sort_keys=False))
     swarm = LocalSwarm(run_dir, transport=config.transport)
-    started, interrupted, learner = time.time(), False, None
+    started, interrupted, learner, before = time.time(), False, None, None
     try:
         peers = swarm.start_bootstrap()
-        learner, key = swarm.start_learner(peers, "--config", str(settings))
+        # the learner and its samplers start together (seconds of imports and loading each, in processes of their
+        # own), and the model before training is evaluated here meanwhile: it is loaded from `config.model`, which
+        # training does not change
+        key = swarm.learner_key()
+        learner = swarm.spawn_learner(peers, "--config", str(settings))
         for i in range(config.samplers):
             swarm.start_sampler(f"sampler-{i}", peers, key, "--config", str(settings))
+        console.print(f"accuracy of {config.model} before training (held-out {config.task} test split) ...")
+        before = _eval(config.model, config)
+        if swarm.wait_ready(learner)["learner_key"] != key:
+            raise RuntimeError(f"the learner runs with another key than {swarm.learner_identity_dir}'s, which its samplers "
+                               f"were given; see {learner.log}")
         steps_file = learner.run_dir / STEPS_FILE
         with Live(console=console, refresh_per_second=2) as live:
             while learner.popen.poll() is None:
@@ -126,6 +133,8 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
             console.print(f"nothing to evaluate: the learner left no checkpoint in {learner.run_dir}")
             raise KeyboardInterrupt
         raise RuntimeError(f"the learner left no checkpoint in {learner.run_dir}; see {run_dir / 'logs'}")
+    if before is None:  # the Ctrl-C came while the model before training was being evaluated
+        before = _eval(config.model, config)
     console.print(f"accuracy of version {final.version} ({final.path}) ...")
     after = _eval(str(final.path), config)
     history = [{"step": int(s["version"]), "reward_mean": s["reward_mean"], "staleness_mean": s["staleness_mean"],

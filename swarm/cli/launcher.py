@@ -110,11 +110,29 @@ class LocalSwarm:
                           "--transport", self.transport, run_dir=self.run_dir / "bootstrap")
         return self.wait_ready(boot)["addresses"][0]
 
+    @property
+    def learner_identity_dir(self) -> Path:
+        return self.run_dir / "keys" / "learner"
+
+    def learner_key(self) -> str:
+        """The key the learner of `spawn_learner` runs with, from its identity directory (the signing key made
+        there now if it is new, as `swarm learner-key` does), so that samplers can start beside the learner
+        rather than after it is ready."""
+        from swarm.config.learner_keys import encode_learner_key
+        from swarm.fabric.membership.identity import load_or_create_signing_key
+        from swarm.fabric.signing import owner_key
+
+        return encode_learner_key(owner_key(load_or_create_signing_key(self.learner_identity_dir / "learner.sign.key")))
+
+    def spawn_learner(self, peers: str, *options: str, run_dir: Path | None = None) -> Proc:
+        """Start a learner (run directory RUN_DIR/learner unless given), without waiting for it."""
+        return self.spawn("learner", "learner", "--peers", peers, "--run-id", self.run_id,
+                          "--identity-dir", str(self.learner_identity_dir), "--transport", self.transport,
+                          *options, run_dir=run_dir or self.run_dir / "learner")
+
     def start_learner(self, peers: str, *options: str, run_dir: Path | None = None) -> tuple[Proc, str]:
-        """Start a learner (run directory RUN_DIR/learner unless given); returns it and its learner key."""
-        learner = self.spawn("learner", "learner", "--peers", peers, "--run-id", self.run_id,
-                             "--identity-dir", str(self.run_dir / "keys" / "learner"), "--transport", self.transport,
-                             *options, run_dir=run_dir or self.run_dir / "learner")
+        """Start a learner and wait until it is ready; returns it and its learner key."""
+        learner = self.spawn_learner(peers, *options, run_dir=run_dir)
         return learner, self.wait_ready(learner)["learner_key"]
 
     def start_sampler(self, name: str, peers: str, learner_key: str, *options: str) -> Proc:
@@ -153,7 +171,7 @@ def stop_together(procs: list[Proc], timeout: float) -> None:
     descendants = []
     for proc in running:
         try:
-            descendants += psutil.Process(proc.popen.pid).children(recursive=True)
+            descendants += [c for c in psutil.Process(proc.popen.pid).children(recursive=True) if not exits_by_itself(c)]
         except psutil.Error:
             pass
     for proc in running:
@@ -169,6 +187,23 @@ def stop_together(procs: list[Proc], timeout: float) -> None:
         _stop_group(proc.popen.pid, deadline)
     _, left = psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
     _kill_all(left)
+
+
+# torch's shared-memory manager, started by every process that shares a tensor under the "file_system"
+# strategy (hivemind sets it, and its MPFuture shares a byte buffer, so every peer with a DHT has one).
+# It exits by itself 2 s after its last client is gone (libshm's SHUTDOWN_TIMEOUT), and only then
+# unlinks the shared memory it tracks: killing it would leave that memory in /dev/shm, and waiting for
+# it cost every stop 2 s.
+TORCH_SHM_MANAGER = "torch_shm_manager"
+
+
+def exits_by_itself(process) -> bool:
+    import psutil
+
+    try:
+        return process.name() == TORCH_SHM_MANAGER
+    except psutil.Error:
+        return False
 
 
 def _stop_group(pgid: int, deadline: float) -> None:

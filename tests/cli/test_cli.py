@@ -189,6 +189,35 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
             proc.kill()
 
 
+def test_swarm_demo_ctrl_c_while_its_peers_start_stops_them_all(tmp_path):
+    """The demo starts its learner and samplers together and evaluates the untrained model while they
+    start: a Ctrl-C then (peers half-started, an evaluation running) still stops every peer, with
+    Ctrl-C's status and no traceback."""
+    import signal
+
+    run_dir = tmp_path / "demo"
+    demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--eval-problems", "2", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (run_dir / "logs" / "sampler-1.log").exists() and demo.poll() is None:
+            time.sleep(0.1)
+        assert demo.poll() is None, demo.stderr.read()[-3000:]
+        assert len(peer_processes_of(run_dir)) >= 4 and not (run_dir / "evals.json").exists()
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=180)
+        assert demo.returncode == 130 and err.rstrip().endswith("stopped by Ctrl-C"), err[-3000:]
+        assert "Traceback" not in err, err[-5000:]
+        assert "nothing to evaluate" in err or "held-out accuracy" in out, out[-2000:] + err[-3000:]
+        assert peer_processes_of(run_dir) == []
+    finally:  # on failure, the demo and the peers this test started
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait(timeout=30)
+        for proc in peer_processes_of(run_dir):
+            proc.kill()
+
+
 def test_peers_started_by_a_launcher_end_when_it_is_killed(tmp_path):
     """A launcher (here a script using LocalSwarm, as `swarm demo` does) SIGKILLed: its bootstrap
     node, which it started, is told to stop by Linux and leaves no process behind."""
@@ -210,6 +239,35 @@ def test_peers_started_by_a_launcher_end_when_it_is_killed(tmp_path):
             launcher.kill()
         for proc in peer_processes_of(tmp_path):
             proc.kill()
+
+
+def test_a_stopped_peer_leaves_torchs_shared_memory_manager_to_clean_up_and_exit(tmp_path):
+    """The launcher stops a peer without waiting for torch's shared-memory manager, which exits by itself
+    2 s after its last client and only then unlinks the shared memory it tracks: it is not killed (the
+    peer's shared memory would stay in /dev/shm), and it does exit."""
+    import psutil
+
+    from swarm.cli.launcher import LocalSwarm, exits_by_itself
+    from tests.helpers.processes import kill_started
+
+    swarm = LocalSwarm(tmp_path)
+    try:
+        swarm.start_bootstrap()
+        tree = psutil.Process(swarm.procs[0].popen.pid).children(recursive=True)
+        managers = [p for p in tree if exits_by_itself(p)]
+        pids = [swarm.procs[0].popen.pid, *(p.pid for p in tree)]
+
+        def shared_memory() -> list[str]:
+            return [f for f in os.listdir("/dev/shm") if any(f.startswith(f"torch_{pid}_") for pid in pids)]
+
+        assert len(managers) == 1 and shared_memory()  # hivemind's sharing strategy: one manager, a shared buffer
+        swarm.stop_all()
+        others = [p for p in tree if p not in managers]
+        assert not [p for p in others if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        _, alive = psutil.wait_procs(managers, timeout=30)
+        assert not alive and shared_memory() == []
+    finally:
+        kill_started(swarm)
 
 
 def test_in_process_demo_trains_and_writes_its_run_directory(tmp_path):

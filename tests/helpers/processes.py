@@ -3,11 +3,15 @@ DHT process and p2p daemon)."""
 
 import psutil
 
+from swarm.cli.launcher import exits_by_itself
+
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL process `pid` and its descendants, and wait (up to 15 s) until they are gone."""
+    """SIGKILL process `pid` and its descendants, and wait (up to 15 s) until they are gone; torch's
+    shared-memory manager is left to exit by itself, as the launcher leaves it (killed, it would leave
+    the shared memory it tracks in /dev/shm)."""
     tree = psutil.Process(pid)
-    victims = [tree, *tree.children(recursive=True)]
+    victims = [tree, *(p for p in tree.children(recursive=True) if not exits_by_itself(p))]
     for p in victims:
         try:
             p.kill()
