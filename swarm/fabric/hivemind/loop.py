@@ -118,6 +118,17 @@ async def close_after_requester(reader: asyncio.StreamReader, writer: asyncio.St
         writer.close()
 
 
+def close_stream(writer: asyncio.StreamWriter) -> None:
+    """Close a stream from a coroutine's `finally`, which also runs when the coroutine is finalised after
+    its loop has closed (a request still pending when its client was dropped, collected later): closing
+    then raised "Event loop is closed", printed as an ignored exception. Nothing is left to send then."""
+    try:
+        writer.close()
+    except RuntimeError as exc:
+        if str(exc) != "Event loop is closed":  # asyncio's own words (BaseEventLoop._check_closed)
+            raise
+
+
 async def _read_to_eof(reader: asyncio.StreamReader) -> None:
     while await reader.read(64 * 1024):  # what a requester still sends is not wanted any more
         pass

@@ -17,7 +17,7 @@ from typing import Callable
 import msgpack
 from hivemind.p2p import P2P
 
-from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
+from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester, close_stream
 from swarm.fabric.weights.announcement_push import MAX_PENDING_PUSHES, PUSH_OP, answer_push
 from swarm.fabric.weights.chunks import (
     MAX_WAITERS,
@@ -257,7 +257,7 @@ class WeightClient(RebuildingClient):
             answer = msgpack.unpackb(await reader.readexactly(size), raw=False)
             return answer if isinstance(answer, dict) else {}
         finally:
-            writer.close()
+            close_stream(writer)
 
     async def _request(self, peer_id, request: dict, have: int | None, want: int, single: int | None = None,
                        sink: Callable[[bytes], None] | None = None) -> list[bytes]:
@@ -299,7 +299,7 @@ class WeightClient(RebuildingClient):
                     writer.close()
                     reused = False
                 except BaseException:
-                    writer.close()
+                    close_stream(writer)
                     raise
         if not reused:
             reader, writer = await self._client.open(peer_id)
@@ -332,7 +332,7 @@ class WeightClient(RebuildingClient):
                     and not asyncio.current_task().cancelling():
                 self._kept.put(str(peer_id), (reader, writer))
             else:
-                writer.close()
+                close_stream(writer)
 
     def close(self) -> None:
         try:

@@ -194,3 +194,32 @@ def test_a_cancelled_stream_ends_quietly_and_another_cancellation_still_propagat
         loop.close()
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert errors == ["something else"], errors
+
+
+def test_a_stream_closed_after_its_loop_has_closed_raises_nothing():
+    """A request coroutine finalised after its loop closed (its client dropped while it was pending)
+    closes its stream in `finally`: plain `writer.close()` raised "Event loop is closed" there, which
+    Python printed as an ignored exception with a traceback; close_stream has nothing left to do."""
+    from swarm.fabric.hivemind.loop import close_stream
+
+    loop = asyncio.new_event_loop()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        async def two_streams():
+            return [await asyncio.open_connection(*listener.getsockname()) for _ in range(2)]
+
+        writers = loop.run_until_complete(two_streams())
+    loop.close()
+    (_, plain), (_, ours) = writers
+    try:
+        plain.close()
+    except RuntimeError as exc:
+        assert str(exc) == "Event loop is closed"  # what the coroutine's finally met
+    else:
+        raise AssertionError("closing a stream of a closed loop raised nothing: the case this guards is gone")
+    close_stream(ours)
+    for writer in (plain, ours):  # their sockets, which the closed loop can no longer close
+        sock, writer.transport._sock = writer.transport._sock, None
+        sock.close()
