@@ -125,18 +125,43 @@ def _signal(pids, sig) -> None:
             pass
 
 
+# torch's shared-memory managers (one beside each peer) exit by themselves 2 s after their last client and
+# unlink their shared memory only then: killed, they leave it in /dev/shm (swarm.cli.launcher.exits_by_itself)
+MANAGERS_EXIT_S = 5.0
+
+
 def _delete(namespaces: list[str], grace_s: float = 0.0) -> None:
-    """Empty the namespaces (processes in them die: TERM, then KILL after `grace_s`), then delete them."""
+    """Empty the namespaces (processes in them die: TERM, then KILL after `grace_s`; torch's shared-memory
+    managers are given MANAGERS_EXIT_S to exit by themselves once the rest is gone), then delete them."""
+    def others(ns: str) -> list[int]:
+        return [pid for pid in _pids_in(ns) if not _exits_by_itself(pid)]
+
     if grace_s:
         for ns in namespaces:
-            _signal(_pids_in(ns), signal.SIGTERM)
+            _signal(others(ns), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_pids_in(ns) for ns in namespaces):
+        while time.monotonic() < deadline and any(others(ns) for ns in namespaces):
             time.sleep(0.05)
+    for ns in namespaces:
+        _signal(others(ns), signal.SIGKILL)
+    deadline = time.monotonic() + MANAGERS_EXIT_S
+    while time.monotonic() < deadline and any(_pids_in(ns) for ns in namespaces):
+        time.sleep(0.05)
     for ns in namespaces:
         _signal(_pids_in(ns), signal.SIGKILL)
     for ns in namespaces:  # a namespace already gone is fine: the goal is that it does not exist
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _exits_by_itself(pid: int) -> bool:
+    import psutil
+
+    from swarm.cli.launcher import exits_by_itself
+
+    try:
+        return exits_by_itself(psutil.Process(pid))
+    except psutil.Error:
+        return False
 
 
 def sweep_stale() -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from swarm.cli.launcher import LocalSwarm
 from swarm.cli.plots import plot_run
-from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings, TrainingSettings
+from swarm.config import DemoConfig, LearnerConfig, SamplerConfig, TaskSettings, TrainingSettings, default_of
 from swarm.config.settings import ReportSettings
 from swarm.progress import progress_for
 from swarm.runlog import EVENTS_FILE, STEPS_FILE, read_jsonl
@@ -27,6 +27,9 @@ SAMPLER_SETTINGS = ("num_generations", "prompts_per_round", "pickup_delay")
 # The run's sampling settings: the learner announces them and samplers generate with them
 RUN_SAMPLING = ("temperature", "top_k", "top_p", "max_completion_length")
 PROGRESS_EVERY_S = 2.0
+# How long the learner may take to be ready; its samplers, started beside it, wait that much longer for its
+# first version than a sampler started by hand does (SamplerConfig.wait_s), rather than give up first
+LEARNER_READY_S = 120.0
 
 
 def peer_settings(config: DemoConfig) -> dict:
@@ -36,6 +39,7 @@ def peer_settings(config: DemoConfig) -> dict:
     learner["checkpoint_every"] = 0  # one checkpoint, at the end: the one evaluated
     sampler = {k: dumped[k] for k in SAMPLER_SETTINGS if k in SamplerConfig.model_fields}
     sampler["progress_every_s"] = PROGRESS_EVERY_S
+    sampler["wait_s"] = default_of(SamplerConfig, "wait_s") + LEARNER_READY_S
     shared = {k: dumped[k] for k in (*TaskSettings.model_fields, *ReportSettings.model_fields)}  # --report-to: every peer
     return {**shared, "learner": learner, "sampler": sampler}
 
@@ -86,25 +90,24 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
 
     console.print(f"[bold]swarm demo[/]: a bootstrap node, a learner ({config.loss.name}) and {config.samplers} samplers as "
                   f"processes on 127.0.0.1 over {config.transport}; logs in {run_dir / 'logs'}")
+    console.print(f"accuracy of {config.model} before training (held-out {config.task} test split) ...")
+    before = _eval(config.model, config)
     settings = run_dir / "swarm.yaml"
     settings.write_text(yaml.safe_dump(peer_settings(config), sort_keys=False))
     swarm = LocalSwarm(run_dir, transport=config.transport)
-    started, interrupted, learner, before = time.time(), False, None, None
+    started, interrupted, learner = time.time(), False, None
     try:
         peers = swarm.start_bootstrap()
         # the learner and its samplers start together (seconds of imports and loading each, in processes of their
-        # own), and the model before training is evaluated here meanwhile: it is loaded from `config.model`, which
-        # training does not change
+        # own): the learner's key, which samplers are given, is made here first, as `swarm learner-key` does
         key = swarm.learner_key()
         learner = swarm.spawn_learner(peers, "--config", str(settings))
+        steps_file = learner.run_dir / STEPS_FILE
         for i in range(config.samplers):
             swarm.start_sampler(f"sampler-{i}", peers, key, "--config", str(settings))
-        console.print(f"accuracy of {config.model} before training (held-out {config.task} test split) ...")
-        before = _eval(config.model, config)
-        if swarm.wait_ready(learner)["learner_key"] != key:
-            raise RuntimeError(f"the learner runs with another key than {swarm.learner_identity_dir}'s, which its samplers "
-                               f"were given; see {learner.log}")
-        steps_file = learner.run_dir / STEPS_FILE
+        if swarm.wait_ready(learner, timeout=LEARNER_READY_S)["learner_key"] != key:
+            raise RuntimeError(f"the learner runs with another key than the one made in {swarm.learner_identity_dir} for "
+                               f"its samplers: is another learner running from that directory? See {learner.log}")
         with Live(console=console, refresh_per_second=2) as live:
             while learner.popen.poll() is None:
                 for proc in swarm.procs:
@@ -133,8 +136,6 @@ def run_swarm_demo(config: DemoConfig, run_dir: Path, *, console) -> dict:
             console.print(f"nothing to evaluate: the learner left no checkpoint in {learner.run_dir}")
             raise KeyboardInterrupt
         raise RuntimeError(f"the learner left no checkpoint in {learner.run_dir}; see {run_dir / 'logs'}")
-    if before is None:  # the Ctrl-C came while the model before training was being evaluated
-        before = _eval(config.model, config)
     console.print(f"accuracy of version {final.version} ({final.path}) ...")
     after = _eval(str(final.path), config)
     history = [{"step": int(s["version"]), "reward_mean": s["reward_mean"], "staleness_mean": s["staleness_mean"],

@@ -117,7 +117,8 @@ class LocalSwarm:
     def learner_key(self) -> str:
         """The key the learner of `spawn_learner` runs with, from its identity directory (the signing key made
         there now if it is new, as `swarm learner-key` does), so that samplers can start beside the learner
-        rather than after it is ready."""
+        rather than after it is ready. A learner takes that key while no other one runs from the directory
+        (another would take its next slot, swarm.fabric.membership.identity): check its ready.json."""
         from swarm.config.learner_keys import encode_learner_key
         from swarm.fabric.membership.identity import load_or_create_signing_key
         from swarm.fabric.signing import owner_key

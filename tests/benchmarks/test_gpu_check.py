@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,28 +17,34 @@ def positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def failed_sections(out: subprocess.CompletedProcess, results: Path) -> str:
+def failed_sections(ended: str, stdout: str, stderr: str, results: Path) -> str:
     """Which sections failed and why, then the ends of the output, as lines: an assertion's message in a
     tuple was cut to one line in CI's log, which hid the failing section."""
     path = results / "gpu_check_small.json"
     sections = json.loads(path.read_text())["sections"] if path.exists() else {}
     errors = [f"{name}: {r['error'][-2000:]}" for name, r in sections.items() if "error" in r] or [f"no results in {path}"]
-    return "\n".join([f"gpu_check exited with {out.returncode}", *errors, "--- stdout ends:", out.stdout[-3000:],
-                      "--- stderr ends:", out.stderr[-3000:]])
+    return "\n".join([f"gpu_check {ended}", *errors, "--- stdout ends:", stdout[-3000:], "--- stderr ends:", stderr[-3000:]])
+
+
+def text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 @pytest.mark.slow
 def test_small_gpu_check_runs_every_section_on_cpu(tmp_path):
-    started = time.time()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=360)
+    # the check ends itself by its total_s (330 s), each section killed past its budget; the timeout here is for a hang
+    try:
+        out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--small", "--device", "cpu", "--out", str(tmp_path)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=400)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(failed_sections("ran past 400 s", text(hung.stdout), text(hung.stderr), tmp_path), pytrace=False)
     if out.returncode != 0:
-        pytest.fail(failed_sections(out, tmp_path), pytrace=False)
+        pytest.fail(failed_sections(f"exited with {out.returncode}", out.stdout, out.stderr, tmp_path), pytrace=False)
     result = json.loads((tmp_path / "gpu_check_small.json").read_text())
     sections = result["sections"]
     assert set(sections) == SECTIONS
     assert not [name for name, r in sections.items() if "error" in r], sections
-    assert result["size"] == "small" and result["device"] == "cpu" and time.time() - started < 360
+    assert result["size"] == "small" and result["device"] == "cpu"
 
     demo = sections["demo"]
     assert demo["returncode"] == 0 and demo["learner_steps"] == 2 and 0 <= demo["after"]["pass_at_1"] <= 1

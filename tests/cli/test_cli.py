@@ -189,21 +189,40 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
             proc.kill()
 
 
+def demo_peers(run_dir, demo_pid: int) -> set[str]:
+    """The demo's peers running now, by role: "bootstrap", "learner", "sampler-0", ... (not the demo
+    itself, nor the peers' DHT processes, whose command lines are their peers')."""
+    import psutil
+
+    roles = set()
+    for proc in peer_processes_of(run_dir):
+        try:
+            if proc.pid == demo_pid or proc.ppid() != demo_pid:
+                continue
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        role = cmd[cmd.index("swarm.cli") + 1] if "swarm.cli" in cmd else ""
+        roles.add(cmd[cmd.index("--sampler-id") + 1] if "--sampler-id" in cmd else role)
+    return roles
+
+
 def test_swarm_demo_ctrl_c_while_its_peers_start_stops_them_all(tmp_path):
-    """The demo starts its learner and samplers together and evaluates the untrained model while they
-    start: a Ctrl-C then (peers half-started, an evaluation running) still stops every peer, with
-    Ctrl-C's status and no traceback."""
+    """The demo starts its learner and samplers together, the samplers before the learner is ready: a
+    Ctrl-C while they start (half-imported, or joining) still stops every peer, with Ctrl-C's status and
+    no traceback."""
     import signal
 
     run_dir = tmp_path / "demo"
     demo = subprocess.Popen([*SWARM, "demo", "--steps", "1000", "--eval-problems", "2", "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    everyone = {"bootstrap", "learner", "sampler-0", "sampler-1"}
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (run_dir / "logs" / "sampler-1.log").exists() and demo.poll() is None:
+        while time.time() < deadline and demo_peers(run_dir, demo.pid) != everyone and demo.poll() is None:
             time.sleep(0.1)
         assert demo.poll() is None, demo.stderr.read()[-3000:]
-        assert len(peer_processes_of(run_dir)) >= 4 and not (run_dir / "evals.json").exists()
+        assert demo_peers(run_dir, demo.pid) == everyone and not (run_dir / "evals.json").exists()
         demo.send_signal(signal.SIGINT)
         out, err = demo.communicate(timeout=180)
         assert demo.returncode == 130 and err.rstrip().endswith("stopped by Ctrl-C"), err[-3000:]
