@@ -117,6 +117,15 @@ def peer_processes_of(run_dir) -> list:
     return found
 
 
+def end_demo(demo: subprocess.Popen, run_dir) -> None:
+    """On a test's failure, the demo and the peers it started (by their command lines naming `run_dir`)."""
+    if demo.poll() is None:
+        demo.kill()
+        demo.wait(timeout=30)
+    for proc in peer_processes_of(run_dir):
+        proc.kill()
+
+
 def test_swarm_demo_trains_a_real_local_swarm(tmp_path):
     run_dir = tmp_path / "demo"
     out = run("demo", "--steps", "2", "--groups-per-step", "4", "--num-generations", "4", "--eval-problems", "8",
@@ -181,12 +190,8 @@ def test_swarm_demo_ctrl_c_stops_every_process(tmp_path):
         assert saved
         evals = json.loads((run_dir / "evals.json").read_text())
         assert [e["step"] for e in evals] == [0, int(max(saved).name.split("-")[1])]
-    finally:  # on failure, the demo and the peers this test started
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait(timeout=30)
-        for proc in peer_processes_of(run_dir):
-            proc.kill()
+    finally:
+        end_demo(demo, run_dir)
 
 
 def demo_peers(run_dir, demo_pid: int) -> set[str]:
@@ -229,12 +234,8 @@ def test_swarm_demo_ctrl_c_while_its_peers_start_stops_them_all(tmp_path):
         assert "Traceback" not in err, err[-5000:]
         assert "nothing to evaluate" in err or "held-out accuracy" in out, out[-2000:] + err[-3000:]
         assert peer_processes_of(run_dir) == []
-    finally:  # on failure, the demo and the peers this test started
-        if demo.poll() is None:
-            demo.kill()
-            demo.wait(timeout=30)
-        for proc in peer_processes_of(run_dir):
-            proc.kill()
+    finally:
+        end_demo(demo, run_dir)
 
 
 def test_peers_started_by_a_launcher_end_when_it_is_killed(tmp_path):
