@@ -15,7 +15,12 @@ from swarm.cli.options import GroupedCommand, GroupedOption, user_errors
 from swarm.config import TRANSPORTS, SwarmSettings, default_of
 from swarm.config.learner_keys import decode_learner_key, encode_learner_key
 from swarm.fabric.membership.authority import CERTIFICATE_DAYS, MAX_CERTIFICATE_DAYS, issue, parse_revocations, revoke
-from swarm.fabric.membership.identity import identity_dir_or_default, load_existing_signing_key, load_or_create_signing_key
+from swarm.fabric.membership.identity import (
+    first_learner_key_file,
+    identity_dir_or_default,
+    load_existing_signing_key,
+    load_or_create_signing_key,
+)
 from swarm.fabric.signing import owner_key
 
 
@@ -128,6 +133,6 @@ def learner_key_command(identity_dir, new_owner):
                 raise click.UsageError(f"--new-owner {new_owner} exists; an owner key is never overwritten")
             path = new_owner
         else:
-            path = identity_dir_or_default(identity_dir) / "learner.sign.key"
+            path = first_learner_key_file(identity_dir_or_default(identity_dir))
         key = load_or_create_signing_key(path)
     click.echo(encode_learner_key(owner_key(key)))

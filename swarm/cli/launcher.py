@@ -120,10 +120,10 @@ class LocalSwarm:
         rather than after it is ready. A learner takes that key while no other one runs from the directory
         (another would take its next slot, swarm.fabric.membership.identity): check its ready.json."""
         from swarm.config.learner_keys import encode_learner_key
-        from swarm.fabric.membership.identity import load_or_create_signing_key
+        from swarm.fabric.membership.identity import first_learner_key_file, load_or_create_signing_key
         from swarm.fabric.signing import owner_key
 
-        return encode_learner_key(owner_key(load_or_create_signing_key(self.learner_identity_dir / "learner.sign.key")))
+        return encode_learner_key(owner_key(load_or_create_signing_key(first_learner_key_file(self.learner_identity_dir))))
 
     def spawn_learner(self, peers: str, *options: str, run_dir: Path | None = None) -> Proc:
         """Start a learner (run directory RUN_DIR/learner unless given), without waiting for it."""

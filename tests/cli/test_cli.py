@@ -202,7 +202,7 @@ def demo_peers(run_dir, demo_pid: int) -> set[str]:
     roles = set()
     for proc in peer_processes_of(run_dir):
         try:
-            if proc.pid == demo_pid or proc.ppid() != demo_pid:
+            if proc.ppid() != demo_pid:  # the demo itself, or a peer's DHT process
                 continue
             cmd = proc.cmdline()
         except psutil.Error:

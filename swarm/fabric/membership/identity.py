@@ -46,6 +46,12 @@ def load_or_create_signing_key(path: Path):
     return key
 
 
+def first_learner_key_file(identity_dir: Path) -> Path:
+    """The signing key file of the first learner slot in `identity_dir` (claim_identity_slot's "learner"):
+    the key a learner started from there runs with while no other learner holds that slot."""
+    return Path(identity_dir) / "learner.sign.key"
+
+
 def load_existing_signing_key(path: Path):
     """The RSAPrivateKey in `path`, which must exist (a run owner's key is never made by accident)."""
     if not Path(path).is_file():
