@@ -4,8 +4,10 @@ hivemind P2P API (which is asyncio-only) with a timeout on every call."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
+import time
 from typing import Awaitable, TypeVar
 
 from hivemind.dht import DHT
@@ -15,6 +17,8 @@ from hivemind.p2p.p2p_daemon_bindings.utils import DispatchFailure
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+LIVENESS_CHECK_S = 1.0  # how often a caller waiting on the loop checks that its thread still runs
 
 
 class BackgroundLoop:
@@ -33,11 +37,22 @@ class BackgroundLoop:
                 coro.close()  # never to run: closed here rather than warned about ("never awaited") at exit
             raise RuntimeError("the event loop has stopped")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # in slices: a loop that stops before it has even started `coro` (a close racing this
+            # call) would otherwise leave the caller waiting for ever, with no timeout
+            wait = LIVENESS_CHECK_S if deadline is None else min(LIVENESS_CHECK_S, max(0.0, deadline - time.monotonic()))
+            try:
+                return future.result(wait)
+            except TimeoutError:
+                if not self._thread.is_alive():
+                    future.cancel()
+                    if asyncio.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+                        coro.close()  # never started, and never will be: closed rather than warned about
+                    raise RuntimeError("the event loop stopped before this call finished") from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    future.cancel()
+                    raise
 
     def stop(self) -> None:
         """Cancel what is still running (open streams close through their own `finally`), then stop."""

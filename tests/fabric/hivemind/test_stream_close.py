@@ -223,3 +223,39 @@ def test_a_stream_closed_after_its_loop_has_closed_raises_nothing():
     for writer in (plain, ours):  # their sockets, which the closed loop can no longer close
         sock, writer.transport._sock = writer.transport._sock, None
         sock.close()
+
+
+def test_a_call_on_a_loop_that_stops_before_running_it_fails_at_once_and_closes_its_coroutine():
+    """A call that races the loop's close: its coroutine is handed over just as the loop stops,
+    and never runs. The caller got no answer for ever (with no timeout), or a TimeoutError and, at
+    garbage collection, "coroutine ... was never awaited" (seen in CI's log); now it gets a
+    RuntimeError within a second, and the coroutine is closed."""
+    import gc
+    import inspect
+    import warnings
+
+    from swarm.fabric.hivemind.loop import LIVENESS_CHECK_S, BackgroundLoop
+
+    io = BackgroundLoop("race-test")
+    io.loop.call_soon_threadsafe(io.loop.stop)  # the loop stops without the `stopped` flag a close sets first
+    io._thread.join(timeout=5)
+    assert not io._thread.is_alive()
+
+    async def never_run():
+        return "ran"
+
+    coro = never_run()
+    started = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            io.run(coro)
+        except RuntimeError as exc:
+            assert "stopped" in str(exc)
+        else:
+            raise AssertionError("a call on a stopped loop returned")
+        gc.collect()
+    assert time.monotonic() - started < LIVENESS_CHECK_S + 2
+    assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
+    assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
+    io.loop.close()
