@@ -25,7 +25,16 @@ setup() {
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
     fi
-    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    # The rest through uv: the same packages as pip picks (the same `pip freeze` but uv itself) in
+    # under half the time (a fresh 2-core machine: 67 s for the whole set-up, against 148 s), which
+    # CI spends before every run. Bytecode compiled at install, as pip does: where
+    # PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile what it imports.
+    # Should uv not install or not run, pip does it all.
+    if ! { "$VENV/bin/python" -m pip install -q uv \
+            && "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python" --compile-bytecode -e ".[dev]"; }; then
+        echo "dev.sh: uv could not install the project; pip installs it instead" >&2
+        "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    fi
     echo "$WANT" >"$STAMP"
 }
 
