@@ -15,7 +15,7 @@ from typing import Sequence
 import msgpack
 from hivemind.p2p import P2P
 
-from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester
+from swarm.fabric.hivemind.loop import HostedStreamHandler, StreamClient, close_after_requester, close_stream
 from swarm.fabric.rollouts.inbox import InboxCore
 from swarm.fabric.rollouts.wire import encode_group
 from swarm.rollouts import RolloutGroup
@@ -131,7 +131,7 @@ class RolloutSender:
         finally:
             writing.cancel()
             await asyncio.gather(writing, return_exceptions=True)
-            writer.close()
+            close_stream(writer)  # (also when finalised after its loop closed, as WeightClient's requests are)
         return acks
 
     def close(self) -> None:
