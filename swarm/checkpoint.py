@@ -27,7 +27,7 @@ import torch
 from swarm.fabric.weights.delta import legacy_state_hash, state_hash
 from swarm.model.loading import load_policy
 from swarm.progress import Progress, ProgressTask
-from swarm.lora import base_state, is_adapter_dir, policy_state
+from swarm.lora import base_state, is_adapter_dir, peft_quietly, policy_state
 
 logger = logging.getLogger(__name__)
 PROGRESS_AFTER_S = 2.0  # checkpoints quicker than this show no progress (the embedded policy's take ~0.1 s)
@@ -206,4 +206,5 @@ def _load_model(checkpoint: Checkpoint):
     if found != state.get("base_hash"):
         raise ValueError(f"the LoRA checkpoint was trained on base model {str(state.get('base_hash'))[:16]}..., but --model "
                          f"{checkpoint.config.get('model')!r} now holds {found[:16]}...; restore that base model")
-    return PeftModel.from_pretrained(base, str(checkpoint.path), is_trainable=True), tokenizer
+    with peft_quietly():
+        return PeftModel.from_pretrained(base, str(checkpoint.path), is_trainable=True), tokenizer

@@ -20,6 +20,8 @@ Imports of peft happen in the functions: a full fine-tuning run never loads it.
 from __future__ import annotations
 
 import json
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -82,7 +84,17 @@ def wrap_lora(model, *, r: int, alpha: float, dropout: float = 0.0, target_modul
     check_targets(model, target_modules)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), bias="none",
                         task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with peft_quietly():
+        return get_peft_model(model, config)
+
+
+@contextmanager
+def peft_quietly():
+    """Around a peft call that wraps a model: peft reads the model's old name of its checkpointing
+    flag, which transformers 5 warns of (a FutureWarning in every LoRA peer's log, about peft's code)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def wrap_for(model, settings):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from swarm.hub import cached_snapshot, hub_offline, hub_unreachable
-from swarm.lora import is_adapter_dir
+from swarm.lora import is_adapter_dir, peft_quietly
 from swarm.model.device import resolve_device, resolve_dtype
 from swarm.model.embedded import embedded_model_dir
 from swarm.model.paths import check_local_model
@@ -88,4 +88,5 @@ def _load_adapted(adapter_dir: str, *, device: str, dtype: str):
         raise FileNotFoundError(f"LoRA adapter {adapter_dir} names no base model (base_model_name_or_path in its "
                                 "adapter_config.json); load its base with --model and the adapter on it")
     base, tokenizer = load_policy(base_name, device=device, dtype=dtype)
-    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload(), tokenizer
+    with peft_quietly():
+        return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload(), tokenizer
