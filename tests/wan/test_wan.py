@@ -116,11 +116,13 @@ def start_run(swarm: WanSwarm, boot_host, learner_host, transport: str, *learner
     return addr, learner, swarm.ready(learner)["learner_key"]
 
 
-def start_sampler(swarm: WanSwarm, host, name: str, addr: str, key: str, transport: str, *options: str):
+def start_sampler(swarm: WanSwarm, host, name: str, addr: str, key: str, transport: str, *options: str, wait: bool = True):
+    """A sampler on `host`, ready (`wait`), or still starting: several then start side by side."""
     proc = swarm.spawn(host, name, ["sampler", "--transport", transport, "--peers", addr, "--run-id", "wan",
                                     "--learner-key", key, "--sampler-id", name, "--run-dir", f"runs/{name}",
                                     *QUICK_SAMPLER, *options], run_dir=Path(f"runs/{name}"))
-    swarm.ready(proc)
+    if wait:
+        swarm.ready(proc)
     return proc
 
 
@@ -146,7 +148,9 @@ def test_samplers_behind_nats_with_the_same_private_address_stream_follow_and_st
             for i in range(2):
                 host = wan.behind(wan.nat(f"home{i}"), f"s{i}", ip="192.168.77.10")
                 hosts.append(host)
-                samplers.append(start_sampler(swarm, host, f"twin{i}", addr, key, transport, "--port", "40001"))
+                samplers.append(start_sampler(swarm, host, f"twin{i}", addr, key, transport, "--port", "40001", wait=False))
+            for sampler in samplers:
+                swarm.ready(sampler)
             wait_for(lambda: all(accepted(s.run_dir) >= 2 and len(versions_fetched(s.run_dir)) >= 2 for s in samplers),
                      180, "both twins' groups accepted and a version after the first fetched behind the NATs", swarm)
             status = status_json(swarm, a, addr, transport, run_id="wan")
