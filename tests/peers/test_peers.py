@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from swarm.health import STALL_MIN_S
+
 SWARM = [sys.executable, "-m", "swarm.cli"]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
@@ -49,15 +51,20 @@ def test_bootstrap_learner_and_sampler_train_together(tmp_path):
                            str(tmp_path / "run"), "--identity-dir", str(tmp_path / "learner"), "--checkpoint-every", "3",
                            "--temperature", "0.9", "--top-p", "0.95", "--max-completion-length", "12",
                            "--verify-fraction", "1", "--dtype", "bfloat16", "--stop-strings", "Question:", log=log))
-        key = ready(tmp_path / "run", procs[1])["learner_key"]
+        learner_ready = ready(tmp_path / "run", procs[1])
+        key = learner_ready["learner_key"]
         assert (tmp_path / "run" / "learner.key").read_text().strip() == key
         status = subprocess.run([*SWARM, "status", "--peers", addr, "--learner-key", key, "--json"], capture_output=True, text=True,
                                 env=ENV, timeout=120)
         assert status.returncode == 0, status.stderr[-2000:]
         report = json.loads(status.stdout)
         assert report["learner_version"] == 0 and [p["role"] for p in report["peers"]] == ["learner"]
-        # what looks wrong: a learner alone gets no rollouts (and it is not late, nor stalled yet)
-        assert [f["kind"] for f in report["flags"]] == ["no_sampler"], report["flags"]
+        # what looks wrong: a learner alone gets no rollouts (and it is not late, nor stalled yet: on a
+        # loaded machine whose `swarm status` took past the stall threshold since the learner was
+        # ready, stalled it rightly is by then)
+        stalled_by_now = time.time() - learner_ready["time"] > STALL_MIN_S
+        kinds = [f["kind"] for f in report["flags"]]
+        assert kinds[0] == "no_sampler" and set(kinds[1:]) <= ({"learner_stalled"} if stalled_by_now else set()), report["flags"]
         assert report["flags"][0]["command"] == f"swarm status --peers {addr} --run-id {report['run_id']} --watch 5"
         procs.append(spawn("sampler", "--peers", addr, "--learner-key-file", str(tmp_path / "run" / "learner.key"),
                            "--prompts-per-round", "2", "--num-generations", "4",

@@ -361,7 +361,7 @@ class VersionFollower:
             return None
         finally:
             self.store.book.end(partial)
-        result.sources = dict(fetch.received)
+        result.sources, result.passed_over = dict(fetch.received), sorted(fetch.passed_over)
         return result
 
     def _run(self) -> None:

@@ -115,6 +115,7 @@ class FetchResult:
     relayed: bool = False  # from a peer other than the learner that announced it
     transfer_s: float = 0.0  # of `seconds`, until the payloads were all here (the rest: applying, verifying)
     sources: dict[str, int] = field(default_factory=dict)  # in chunks: bytes per peer that sent some
+    passed_over: list[str] = field(default_factory=list)  # in chunks: upstreams left for being far slower than the one before
 
     def heartbeat_fields(self) -> dict:
         """The fields of a sampler's Heartbeat that report this fetch (a learner orders chains by them)."""
@@ -127,6 +128,8 @@ class FetchResult:
                   "seconds": round(self.seconds, 4), "transfer_s": round(self.transfer_s, 4), "relayed": self.relayed}
         if self.sources:
             fields["sources"] = dict(self.sources)
+        if self.passed_over:
+            fields["passed_over"] = list(self.passed_over)
         return fields
 
 

@@ -70,18 +70,30 @@ def test_a_pulse_beats_on_its_own_schedule_and_at_once_when_poked():
         if error:
             raise error  # a failed beat must not end the pulse
 
+    def until(condition, timeout_s: float) -> bool:  # bounded: a loaded machine wakes threads late
+        deadline = time.monotonic() + timeout_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
+
     farewells: list[float] = []
     pulse = Pulse(beat, 0.2, farewell=lambda: farewells.append(time.monotonic()))
     try:
-        time.sleep(0.7)
-        beats = len(times)
-        assert 3 <= beats <= 6, times
-        pulse.poke()
-        time.sleep(0.05)
-        assert len(times) == beats + 1  # at once, not after the interval
+        assert until(lambda: len(times) >= 4, 10.0), times  # on its own, a failed beat notwithstanding
+        gaps = [b - a for a, b in zip(times, times[1:4])]
+        assert min(gaps) >= 0.15, gaps  # on its schedule, no sooner
     finally:
         pulse.close()
     assert pulse.failures == 1
+    # poked: at once, not after its interval (30 s here, so that a late thread cannot pass for one)
+    slow_times: list[float] = []
+    slow = Pulse(lambda: slow_times.append(time.monotonic()), 30.0)
+    try:
+        assert until(lambda: len(slow_times) == 1, 10.0)
+        slow.poke()
+        assert until(lambda: len(slow_times) == 2, 10.0), slow_times
+    finally:
+        slow.close()
     # closed: the leaving record once, after the last beat (which would overwrite it), and never again
     pulse.close()
     assert len(farewells) == 1 and farewells[0] > times[-1]

