@@ -136,8 +136,13 @@ DEAD = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
         (["learner", "--peers", "{registry}", "--transport", "grpc", "--port", "{busy}"], "--port {busy}: the port is taken on 0.0.0.0", 1),
         (["learner", "--peers", DEAD, "--run-dir", "{file}"], "is a file, not a directory", 2),
         (["sampler", "--peers", DEAD, "--learner-key-file", "missing.key"], "--learner-key-file missing.key", 2),
-        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--backend", "vllm"],
+        # (a peer that accepts connections: nothing listening is said first, before the backend loads)
+        (["sampler", "--peers", "{listening}", "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--backend", "vllm"],
          "the vllm backend needs the optional extra", 1),
+        # nothing listening at --peers is said before the model loads (here a directory that holds none)
+        (["learner", "--peers", DEAD, "--model", "{empty}"], "could not join the swarm through", 1),
+        (["sampler", "--peers", DEAD, "--learner-key", "W293bmVyOnNzaC1yc2EgQUFBQV0=", "--model", "{empty}"],
+         "could not join the swarm through", 1),
     ],
 )
 def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
@@ -154,8 +159,10 @@ def test_bad_addresses_and_options_fail_fast(args, message, status, tmp_path):
 
         registry = GrpcBootstrap("swarm", host="127.0.0.1", port=0)
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "empty-model").mkdir()
     names = {"{busy}": str(busy.getsockname()[1]), "{file}": str(tmp_path / "a-file"),
-             "{registry}": registry.addresses()[0] if registry else ""}
+             "{registry}": registry.addresses()[0] if registry else "", "{empty}": str(tmp_path / "empty-model"),
+             "{listening}": DEAD.replace("/tcp/9/", f"/tcp/{busy.getsockname()[1]}/")}
     args = [names.get(a, a) for a in args]
     started = time.time()
     extra = ["--identity-dir", str(tmp_path)] if args[0] in ("learner", "sampler") and args[1:] else []

@@ -118,12 +118,6 @@ def peer_id_of(key: str, address: str) -> str:
     return f"{key}@{address}"
 
 
-def dial_address(peer: str) -> str:
-    """Where to reach a peer: the address part of a peer id (`KEYID@host:port`), or `host:port`
-    itself (the registry's address has no key id)."""
-    return peer.partition("@")[2] if "@" in peer else peer
-
-
 def key_of_peer(peer: str) -> str:
     """The key id a peer id names ("" for a bare address)."""
     return peer.partition("@")[0] if "@" in peer else ""

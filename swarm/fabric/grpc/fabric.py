@@ -12,8 +12,7 @@ from typing import Iterable, Mapping, Sequence
 
 import grpc
 
-from swarm.config import split_host_port
-from swarm.fabric.grpc.common import SERVICE, RequestSigner, dial_address, key_id, pack, peer_id_of, unpack
+from swarm.fabric.grpc.common import SERVICE, RequestSigner, key_id, pack, peer_id_of, unpack
 from swarm.fabric.grpc.registry import MAX_MEMBER_PAGES, members_from
 from swarm.fabric.grpc.rollouts import GrpcRolloutInbox, GrpcRolloutSender
 from swarm.fabric.grpc.server import Channels, GrpcPeerServer
@@ -26,7 +25,7 @@ from swarm.fabric.membership.addresses import (
     interface_addresses,
     is_wildcard,
     outbound_address,
-    refuses_connections,
+    refused_join,
     usable_ip,
 )
 from swarm.fabric.membership.authority import CertificateError, Revocations, parse_revocations
@@ -123,12 +122,10 @@ class GrpcFabric:
         return call(iter([body]), timeout=self.timeout_s, metadata=self.signer.metadata(path, body))
 
     def _check_registry(self) -> None:
-        host, port = split_host_port(dial_address(self.registry))
-        if port is not None and refuses_connections(host, port):  # gRPC would retry until its timeout
+        refused = refused_join("grpc", [self.registry])
+        if refused:  # gRPC would retry until its timeout
             self.shutdown()
-            raise JoinError(f"could not join the swarm through the registry at {self.registry}: connection refused "
-                            "(nothing listens there). Check the address and port, and that `swarm bootstrap "
-                            "--transport grpc` runs there")
+            raise JoinError(refused)
         try:
             grpc.channel_ready_future(self.channels.get(self.registry)).result(timeout=self.timeout_s)
         except ConnectionError as exc:  # TLS: no TLS there, or a registry holding another key than its address names

@@ -22,8 +22,9 @@ from typing import Iterator
 import grpc
 
 from swarm.fabric.grpc.common import (CHUNK_BYTES, MESSAGE_LIMIT, SERVICE, Authenticator, Caller, Method, OwnerCalls,
-    SignedService, Watchdog, bind, dial_address, key_of_peer, new_server, pack, signed_body, unpack)
+    SignedService, Watchdog, bind, key_of_peer, new_server, pack, signed_body, unpack)
 from swarm.fabric.grpc.tls import pinned_channel, server_identity
+from swarm.fabric.membership.addresses import dial_address
 from swarm.fabric.rollouts.inbox import StreamLimits
 from swarm.fabric.weights.chunks import ChunkCutOff
 from swarm.fabric.weights.versions import WEIGHT_REQUEST_LIMIT

@@ -26,7 +26,7 @@ from swarm.fabric.hivemind.log_filters import DemoteHandled
 from swarm.fabric.hivemind.record_rules import OwnerRules
 from swarm.fabric.hivemind.records import make_schema
 from swarm.fabric.interface import JoinError
-from swarm.fabric.membership.addresses import maddr_tcp, refuses_connections
+from swarm.fabric.membership.addresses import refused_join
 
 logger = logging.getLogger(__name__)
 
@@ -199,10 +199,9 @@ def start_dht(
         kwargs["identity_path"] = str(Path(identity_path).resolve())
         if reclaim_identity:
             stop_leftover_daemons(Path(identity_path))
-    endpoints = [maddr_tcp(addr) for addr in initial_peers]
-    if initial_peers and all(endpoints) and all(refuses_connections(*e) for e in endpoints):
-        raise JoinError(f"could not join the swarm through {', '.join(initial_peers)}: connection refused (nothing "
-                        "listens there). Check the address and port, and that the bootstrap node or peer is running")
+    refused = refused_join("hivemind", initial_peers)
+    if refused:
+        raise JoinError(refused)
     try:
         dht = DHTWithParent(initial_peers=list(initial_peers), start=True, record_validators=validators, **kwargs)
     except Exception as exc:  # noqa: BLE001  hivemind raises bare RuntimeErrors/P2PDaemonErrors

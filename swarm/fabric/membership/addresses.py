@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from swarm.config import split_host_port
 
@@ -104,6 +104,41 @@ def refuses_connections(host: str, port: int, timeout_s: float = 3.0) -> bool:
         return True
     except OSError:
         return False
+
+
+def dial_address(peer: str) -> str:
+    """Where to reach a gRPC peer: the address part of a peer id (`KEYID@host:port`), or `host:port`
+    itself (the registry's address has no key id)."""
+    return peer.partition("@")[2] if "@" in peer else peer
+
+
+def refused_join(transport: str, peers: Sequence[str]) -> str | None:
+    """Why a join through `peers` cannot work when every one of them refuses a TCP connection
+    (nothing listens there), found in a moment; None when any might answer, or names no TCP port
+    (a DNS name, QUIC, a relay): the transport decides. gRPC joins through its registry, peers[0]."""
+    if not peers:
+        return None
+    if transport == "grpc":
+        host, port = split_host_port(dial_address(peers[0]))
+        if port is not None and refuses_connections(host, port):
+            return (f"could not join the swarm through the registry at {peers[0]}: connection refused (nothing listens "
+                    "there). Check the address and port, and that `swarm bootstrap --transport grpc` runs there")
+        return None
+    endpoints = [maddr_tcp(addr) for addr in peers]
+    if all(endpoints) and all(refuses_connections(*e) for e in endpoints):
+        return (f"could not join the swarm through {', '.join(peers)}: connection refused (nothing listens there). "
+                "Check the address and port, and that the bootstrap node or peer is running")
+    return None
+
+
+def check_reachable(transport: str, peers: Sequence[str]) -> None:
+    """Raise ConnectionRefusedError, naming the addresses, when every one of `peers` refuses a
+    connection. `swarm learner` and `swarm sampler` check before they import torch and load their
+    model: a wrong port, or a bootstrap node not started yet, then fails in a second rather than
+    after the model has loaded (minutes at real scale). What might answer is left to the join."""
+    refused = refused_join(transport, peers)
+    if refused:
+        raise ConnectionRefusedError(refused)
 
 
 def maddr_tcp(maddr: str) -> tuple[str, int] | None:
