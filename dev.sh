@@ -14,6 +14,16 @@ PYTHON_BIN=${PYTHON:-python3}
 STAMP=$VENV/.setup-stamp
 WANT=$(cat pyproject.toml dev.sh | sha256sum | cut -c1-16)
 
+uv_install() {  # ARGS: `uv pip install ARGS` into .venv, with pip's constraints and find-links
+    local constraint find_links
+    constraint=${PIP_CONSTRAINT:-$("$VENV/bin/python" -m pip config get global.constraint 2>/dev/null || true)}
+    find_links=${PIP_FIND_LINKS:-$("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)}
+    local -a options=(-q --python "$VENV/bin/python" --compile-bytecode)
+    for file in $constraint; do [[ -f $file ]] && options+=(--constraint "$file"); done
+    for place in $find_links; do [[ -d $place ]] && options+=(--find-links "$place"); done
+    "$VENV/bin/python" -m uv pip install "${options[@]}" "$@"
+}
+
 setup() {
     if [[ -f $STAMP && "$(cat "$STAMP")" == "$WANT" ]]; then
         return
@@ -21,18 +31,20 @@ setup() {
     echo "dev.sh: setting up $VENV (only on first use or after pyproject.toml changes)" >&2
     [[ -x $VENV/bin/python ]] || "$PYTHON_BIN" -m venv "$VENV"
     # Without CUDA, take the CPU build of torch first so that nothing pulls the multi-gigabyte
-    # CUDA wheels; the project's own range (torch>=2.4) is then already satisfied.
+    # CUDA wheels; the project's own range (torch>=2.4) is then already satisfied. The rest through
+    # uv there: the same packages as pip picks (the same `pip freeze` but uv itself) in half the time
+    # (a fresh 2-core machine: 75 s for the whole set-up, against 148 s), which CI spends before every
+    # run. uv reads no pip configuration: a constraints file and find-links pip has are passed on.
+    # Bytecode compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every process
+    # would otherwise compile what it imports. Should uv not install or not run, pip does it all; on a
+    # CUDA machine pip does it all anyway (torch's build is its to choose there, as the README says).
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         "$VENV/bin/python" -m pip install -q "${TORCH_SPEC:-torch==2.13.0}"
-    fi
-    # The rest through uv: the same packages as pip picks (the same `pip freeze` but uv itself) in
-    # under half the time (a fresh 2-core machine: 67 s for the whole set-up, against 148 s), which
-    # CI spends before every run. Bytecode compiled at install, as pip does: where
-    # PYTHONDONTWRITEBYTECODE is set, every process would otherwise compile what it imports.
-    # Should uv not install or not run, pip does it all.
-    if ! { "$VENV/bin/python" -m pip install -q uv \
-            && "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python" --compile-bytecode -e ".[dev]"; }; then
-        echo "dev.sh: uv could not install the project; pip installs it instead" >&2
+        if ! { "$VENV/bin/python" -m pip install -q "uv>=0.5,<1" && uv_install -e ".[dev]"; }; then
+            echo "dev.sh: uv could not install the project; pip installs it instead" >&2
+            "$VENV/bin/python" -m pip install -q -e ".[dev]"
+        fi
+    else
         "$VENV/bin/python" -m pip install -q -e ".[dev]"
     fi
     echo "$WANT" >"$STAMP"

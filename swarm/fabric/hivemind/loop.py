@@ -4,6 +4,7 @@ hivemind P2P API (which is asyncio-only) with a timeout on every call."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import logging
 import threading
@@ -26,38 +27,44 @@ class BackgroundLoop:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(_quiet_late_streams)
         self.stopped = False
+        # a call hands its coroutine over under this lock, and a stop marks the loop stopped under it
+        # before it cancels what runs: a coroutine handed over is then among what the stop cancels,
+        # never a task left pending on a stopped loop ("Task was destroyed but it is pending!")
+        self._handing_over = threading.Lock()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
     def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (TimeoutError after `timeout` seconds;
         RuntimeError at once when the loop has stopped: nothing would ever run it)."""
-        if self.stopped:  # by a close before this one (a second close, a teardown)
-            if asyncio.iscoroutine(coro):
-                coro.close()  # never to run: closed here rather than warned about ("never awaited") at exit
+        with self._handing_over:
+            future = None if self.stopped else asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if future is None:  # by a close before this one (a second close, a teardown)
+            _close_unstarted(coro)
             raise RuntimeError("the event loop has stopped")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            # in slices: a loop that stops before it has even started `coro` (a close racing this
-            # call) would otherwise leave the caller waiting for ever, with no timeout
+            # in slices: a loop whose thread has died (not by stop()) never runs `coro`, and a caller
+            # with no timeout would otherwise wait for ever
             wait = LIVENESS_CHECK_S if deadline is None else min(LIVENESS_CHECK_S, max(0.0, deadline - time.monotonic()))
             try:
                 return future.result(wait)
-            except TimeoutError:
+            except FUTURE_TIMEOUTS:
+                if future.done():
+                    raise  # the coroutine's own TimeoutError (one of its awaits timed out)
                 if not self._thread.is_alive():
                     future.cancel()
-                    if asyncio.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
-                        coro.close()  # never started, and never will be: closed rather than warned about
+                    _close_unstarted(coro)
                     raise RuntimeError("the event loop stopped before this call finished") from None
                 if deadline is not None and time.monotonic() >= deadline:
                     future.cancel()
-                    raise
+                    raise TimeoutError(f"no result within {timeout:g} s") from None
 
     def stop(self) -> None:
         """Cancel what is still running (open streams close through their own `finally`), then stop."""
+        with self._handing_over:
+            self.stopped = True  # no call hands a coroutine over after this
         if not self.loop.is_running():
-            self.stopped = True
             return
 
         async def cancel_all() -> None:
@@ -70,9 +77,18 @@ class BackgroundLoop:
             asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(5)
         except Exception:  # noqa: BLE001  a task that will not die must not block shutdown
             pass
-        self.stopped = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+
+
+# what future.result(timeout) raises when the time is up (one class from Python 3.11; two before)
+FUTURE_TIMEOUTS = (TimeoutError, concurrent.futures.TimeoutError)
+
+
+def _close_unstarted(coro) -> None:
+    """Close a coroutine that never started and never will: rather than "never awaited" at exit."""
+    if asyncio.iscoroutine(coro) and inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+        coro.close()
 
 
 def _quiet_late_streams(loop: asyncio.AbstractEventLoop, context: dict) -> None:

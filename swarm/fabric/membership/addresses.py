@@ -112,7 +112,7 @@ def dial_address(peer: str) -> str:
     return peer.partition("@")[2] if "@" in peer else peer
 
 
-def refused_join(transport: str, peers: Sequence[str]) -> str | None:
+def refused_join(transport: str, peers: Sequence[str], timeout_s: float = 3.0) -> str | None:
     """Why a join through `peers` cannot work when every one of them refuses a TCP connection
     (nothing listens there), found in a moment; None when any might answer, or names no TCP port
     (a DNS name, QUIC, a relay): the transport decides. gRPC joins through its registry, peers[0]."""
@@ -120,12 +120,12 @@ def refused_join(transport: str, peers: Sequence[str]) -> str | None:
         return None
     if transport == "grpc":
         host, port = split_host_port(dial_address(peers[0]))
-        if port is not None and refuses_connections(host, port):
+        if port is not None and refuses_connections(host, port, timeout_s):
             return (f"could not join the swarm through the registry at {peers[0]}: connection refused (nothing listens "
                     "there). Check the address and port, and that `swarm bootstrap --transport grpc` runs there")
         return None
     endpoints = [maddr_tcp(addr) for addr in peers]
-    if all(endpoints) and all(refuses_connections(*e) for e in endpoints):
+    if all(endpoints) and all(refuses_connections(*e, timeout_s) for e in endpoints):
         return (f"could not join the swarm through {', '.join(peers)}: connection refused (nothing listens there). "
                 "Check the address and port, and that the bootstrap node or peer is running")
     return None
@@ -136,7 +136,8 @@ def check_reachable(transport: str, peers: Sequence[str]) -> None:
     connection. `swarm learner` and `swarm sampler` check before they import torch and load their
     model: a wrong port, or a bootstrap node not started yet, then fails in a second rather than
     after the model has loaded (minutes at real scale). What might answer is left to the join."""
-    refused = refused_join(transport, peers)
+    # (a refusal comes back within a round trip; an address that drops packets is the join's to wait for)
+    refused = refused_join(transport, peers, timeout_s=1.0)
     if refused:
         raise ConnectionRefusedError(refused)
 

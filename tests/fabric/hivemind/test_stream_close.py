@@ -259,3 +259,45 @@ def test_a_call_on_a_loop_that_stops_before_running_it_fails_at_once_and_closes_
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
     assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
     io.loop.close()
+
+
+def test_a_call_waits_past_the_liveness_slices_for_its_result_and_keeps_its_own_errors():
+    """BackgroundLoop.run waits in slices of LIVENESS_CHECK_S: a call longer than one slice still gets
+    its result (with no timeout too), a timeout still ends a call with TimeoutError, and a TimeoutError
+    the coroutine raised itself comes back as it is, at once (not taken for a slice ending)."""
+    from swarm.fabric.hivemind.loop import LIVENESS_CHECK_S, BackgroundLoop
+
+    io = BackgroundLoop("slices-test")
+    try:
+        async def slow(value):
+            await asyncio.sleep(2.5 * LIVENESS_CHECK_S)
+            return value
+
+        assert io.run(slow("late")) == "late"
+        assert io.run(slow("in time"), timeout=10 * LIVENESS_CHECK_S) == "in time"
+        started = time.monotonic()
+        try:
+            io.run(slow("too late"), timeout=0.3)
+        except TimeoutError:
+            assert time.monotonic() - started < 0.3 + LIVENESS_CHECK_S
+        else:
+            raise AssertionError("a call past its timeout returned")
+
+        async def own_timeout():
+            await asyncio.wait_for(asyncio.sleep(10), 0.05)
+
+        started = time.monotonic()
+        try:
+            io.run(own_timeout())
+        except TimeoutError:
+            assert time.monotonic() - started < LIVENESS_CHECK_S  # its own, at once
+        else:
+            raise AssertionError("the coroutine's TimeoutError was lost")
+    finally:
+        io.stop()
+    try:
+        io.run(slow("after the stop"))
+    except RuntimeError as exc:
+        assert "stopped" in str(exc)
+    else:
+        raise AssertionError("a call after stop() ran")
