@@ -35,6 +35,7 @@ from swarm.fabric.membership.pulse import Pulse
 from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.rollouts.bans import PeerBans
 from swarm.fabric.rollouts.wire import WireLimits
+from swarm.fabric.membership.addresses import check_reachable
 from swarm.fabric.transports import join_with
 from swarm.fabric.weights.announcements import RunSampling
 from swarm.fabric.weights.sharer_view import SharerView
@@ -95,6 +96,8 @@ class Learner(Peer):
         # autocast, and versions are published in it (what GPU samplers run, half the bytes)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.publish_dtype = torch_dtype(self.dtype)
+        # once the input is known good: --peers where nothing listens fails now, not after the model has loaded
+        check_reachable(config.transport, config.peers)
         resume_from = self._load_policy(resume_from)
         with self.first_start_in(self.run_dir):
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,6 @@ from swarm.cli.consoles import stdout_console
 from swarm.cli.options import GroupedCommand, GroupedOption, config_from_options, config_options, user_errors
 from swarm.config import TRANSPORTS, BootstrapConfig, LearnerConfig, SamplerConfig, SwarmSettings, default_of
 from swarm.dashboard.live import status_rows as rows_of
-from swarm.fabric.membership.addresses import check_reachable
 from swarm.health import status_flags, swarm_args
 from swarm.model.paths import check_local_model
 from swarm.ports import check_config_ports
@@ -68,7 +67,6 @@ def learner_command(config_file, **options):
         check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
         check_task_name(config.task)  # and an unknown task or a missing file, before torch is imported
         check_local_model(config.model)  # and a local --model that does not exist
-        check_reachable(config.transport, config.peers)  # and --peers where nothing listens (exit 1), before the model loads
     from peers.learner import run_learner  # torch: not at `swarm --help`
     if config.run_dir is None:
         config = config.model_copy(update={"run_dir": Path(f"runs/learner-{time.strftime('%Y%m%d-%H%M%S')}")})
@@ -91,7 +89,6 @@ def sampler_command(config_file, **options):
         check_config_ports(config)  # at once, naming the option: not after a join timeout, nor beside another node
         check_task_name(config.task)  # and an unknown task or a missing file, before torch is imported
         check_local_model(config.model)  # and a local --model that does not exist
-        check_reachable(config.transport, config.peers)  # and --peers where nothing listens (exit 1), before the model loads
     from peers.sampler import run_sampler  # torch: not at `swarm --help`
     with user_errors(*_join_failures()):
         result = run_sampler(config, echo=click.echo, progress=_progress())
