@@ -31,11 +31,11 @@ from swarm.config.learner_keys import encode_learner_key
 from swarm.dashboard import peer_dashboard
 from swarm.evaluation import HeldOutEvaluation
 from swarm.fabric.interface import JoinError
+from swarm.fabric.membership.addresses import check_reachable
 from swarm.fabric.membership.pulse import Pulse
 from swarm.fabric.membership.records import Heartbeat
 from swarm.fabric.rollouts.bans import PeerBans
 from swarm.fabric.rollouts.wire import WireLimits
-from swarm.fabric.membership.addresses import check_reachable
 from swarm.fabric.transports import join_with
 from swarm.fabric.weights.announcements import RunSampling
 from swarm.fabric.weights.sharer_view import SharerView

@@ -27,9 +27,9 @@ from peers.lifecycle import Peer
 from swarm.config import SamplerConfig, write_config
 from swarm.config.learner_keys import decode_learner_key
 from swarm.dashboard import peer_dashboard
+from swarm.fabric.membership.addresses import check_reachable
 from swarm.fabric.membership.pulse import Pulse
 from swarm.fabric.membership.records import Heartbeat, Refusals
-from swarm.fabric.membership.addresses import check_reachable
 from swarm.fabric.transports import join_with
 from swarm.fabric.weights.follower import VersionFollower
 from swarm.fabric.weights.versions import MAX_HELD_VERSIONS, VersionStore, payload_limit
@@ -108,7 +108,7 @@ class Sampler(Peer):
         self.keys = [decode_learner_key(k) for k in config.learner_keys]
         self.delay = SecondsDelay.parse(config.pickup_delay)
         check_reachable(config.transport, config.peers)  # --peers where nothing listens: now, not after the model has loaded
-        self._load_model_and_task()  # first: bad ones fail before anything is made
+        self._load_model_and_task()  # bad ones fail before anything is made
         with self.first_start_in(self.run_dir):
             write_config(config, self.run_dir / "config.yaml")
             self.fabric = self.hold(join_with(config, "sampler"), close="shutdown")
