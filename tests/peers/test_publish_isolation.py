@@ -74,6 +74,11 @@ def test_a_learner_publishing_from_its_encoding_process_is_followed_by_a_sampler
         threads[0].start()
         ready = wait_ready(tmp_path / "learner", timeout_s=120, alive=threads[0].is_alive)
         assert ready is not None, "the learner did not start"
+        # ready.json is written once the learner has joined; its publisher starts just after (bounded wait)
+        deadline = time.time() + 60
+        while learner.publisher is None and time.time() < deadline and threads[0].is_alive():
+            time.sleep(0.05)
+        assert learner.publisher is not None, "the learner never started publishing"
         assert learner.publisher.isolation == "process" and learner.publisher.encoder_pid is not None
         sampler = Sampler(SamplerConfig(**common, identity_dir=tmp_path / "sampler-keys", learner_keys=[ready["learner_key"]],
                                         prompts_per_round=2, num_generations=4, run_dir=tmp_path / "sampler"),
