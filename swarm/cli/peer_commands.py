@@ -210,6 +210,10 @@ def observe_swarm(transport: str, run_id: str, peers, *, insecure: bool = False)
     """An observer of the swarm (`swarm.fabric.transports.observe`: it reads records and announcements
     and takes no part), shut down on exit; a swarm that cannot be reached is a one-line error.
     `swarm status` and `swarm dashboard` look at the swarm through this."""
+    from swarm.fabric.membership.addresses import check_reachable
+
+    with user_errors(ConnectionRefusedError):  # a --peers where nothing listens: said before torch is imported
+        check_reachable(transport, list(peers))
     from swarm.fabric.transports import observe  # torch (through swarm.fabric.interface): not at `swarm --help`
 
     with user_errors(*_join_failures()):

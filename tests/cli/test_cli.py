@@ -35,6 +35,23 @@ def test_help_is_fast_and_imports_no_torch():
     assert time.time() - started < 5  # generous for a loaded CI machine; typically ~0.2 s
 
 
+def test_status_and_dashboard_say_nothing_listens_at_peers_before_importing_torch():
+    """A wrong --peers (nothing listens there) is said in a moment: no torch, transformers or
+    hivemind import first (3.7 s here before)."""
+    dead = "/ip4/127.0.0.1/tcp/9/p2p/QmaCpDMGvV2BGHeYERUEnRQAwe3N8SzbUtfsmvsqQLuvuJ"
+    code = (
+        "import sys; from click.testing import CliRunner; from swarm.cli import main;"
+        f"runs = [CliRunner().invoke(main, args) for args in (['status', '--peers', {dead!r}], ['dashboard', '--peers', {dead!r}],"
+        "         ['status', '--transport', 'grpc', '--peers', '127.0.0.1:9'])];"
+        "assert all(r.exit_code == 1 and 'could not join the swarm through' in r.output"
+        "           and 'connection refused' in r.output for r in runs), [(r.exit_code, r.output) for r in runs];"
+        "heavy = [m for m in ('torch', 'transformers', 'hivemind') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 def test_eval_embedded_default_json():
     out = run("eval", "--eval-problems", "20", "--eval-samples", "2", "--json")
     assert out.returncode == 0, out.stderr
