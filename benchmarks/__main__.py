@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-BENCHMARKS = ["is_variance", "learner_overhead", "generation_throughput", "generation_memory", "learner_step", "learner_breakdown", "length_buckets", "fabric", "fanout", "fanout_wan", "logprob_tolerance", "ban_rate", "flood_memory", "member_flood", "learner_memory", "delta_scale", "delta_speed", "publish_overlap", "version_memory", "snapshot_offload", "midsize_peers", "vllm_throughput", "learners", "slow_holder", "lora"]
+BENCHMARKS = ["is_variance", "learner_overhead", "generation_throughput", "generation_memory", "learner_step", "learner_breakdown", "length_buckets", "fabric", "fanout", "fanout_wan", "logprob_tolerance", "ban_rate", "flood_memory", "member_flood", "learner_memory", "delta_scale", "delta_speed", "publish_overlap", "version_memory", "snapshot_offload", "midsize_peers", "vllm_throughput", "learners", "learner_stalls", "slow_holder", "lora"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,10 +31,10 @@ QWEN3_06B_PARAMS = 0.6e9  # Qwen3-0.6B, the swarm's GPU reference model (README)
 LINK_BYTES_PER_S = 1e9 / 8  # 1 Gbit/s
 
 
-def _spawn(args: list[str], log) -> subprocess.Popen:
+def _spawn(args: list[str], log, *, own_session: bool = False) -> subprocess.Popen:
     return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)),
-                            cwd=REPO)  # this checkout's code, whatever is installed
+                            cwd=REPO, start_new_session=own_session)  # this checkout's code, whatever is installed
 
 
 def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:

@@ -423,7 +423,7 @@ class Learner(Peer):
         """Another learner is ahead or holds other weights: download the run's state, publish it."""
         self.events.event("out_of_step", version=self.core.version, reason=str(exc))
         self.echo(f"out of step with the other learners ({exc}); downloading the run's state")
-        if self.team.catch_up(2 * self.config.averaging_timeout_s):
+        if self.team.catch_up(2 * self.config.averaging_timeout_s, at_least=exc.at_least):
             self.publish()
 
     # -- publish, heartbeat, checkpoint -----------------------------------------------------------

@@ -33,16 +33,18 @@ class AveragingOutcome:
     grads: list[torch.Tensor] | None  # the group's mean gradient; None: step on this learner's own
     resync: bool = False  # out of step: download the group's state instead of stepping
     reason: str = ""
+    at_least: int = 0  # (resync) the oldest version worth downloading: 0, any as new as this learner's
     metrics: dict = field(default_factory=dict)
 
 
-def round_outcome(result, version: int, ours: str) -> AveragingOutcome:
+def round_outcome(result, version: int, ours: str, leader: str | None = None) -> AveragingOutcome:
     """What a learner at `version` holding weights hashed `ours` does after an averaging round
     (`result`: a learner_group.RoundResult): step on the group's mean gradient; step alone when no
     other learner came; or download the group's state instead of stepping, when it is behind or
     holds other weights, or when a group met but its all-reduce came back incomplete (the others
     may have stepped on the full mean, and a step alone would publish other weights as the same
-    version)."""
+    version). `leader`: another learner present that steps alone in this one's place (leader_of),
+    whose next version this one then takes; None: this one leads, or is the only learner."""
     metrics = {"learners": float(len(result.members)), "averaging_seconds": round(result.seconds, 4),
                "group_rows": float(result.total_rows)}
     if result.clamped:
@@ -51,6 +53,12 @@ def round_outcome(result, version: int, ours: str) -> AveragingOutcome:
         if result.partial:
             return AveragingOutcome(None, resync=True, reason=f"this learner's averaging round came back incomplete "
                                                               f"({result.error})", metrics=metrics)
+        if leader is not None:
+            # both stepping alone would publish version + 1 twice, under two different weights
+            return AveragingOutcome(None, resync=True, at_least=version + 1, metrics=metrics,
+                                    reason=f"no other learner joined this round ({result.error}); learner {leader} "
+                                           f"steps alone while both are present, and this one takes its version "
+                                           f"{version + 1} rather than publish that number under other weights")
         return AveragingOutcome(None, metrics=metrics)  # nobody else came: anyone out of step catches up
     newest, digest = result.canonical
     if not result.in_step:
@@ -60,6 +68,18 @@ def round_outcome(result, version: int, ours: str) -> AveragingOutcome:
     if result.grads is None:
         return AveragingOutcome(None, metrics={**metrics, "averaging_error": result.error or "no rows in the group"})
     return AveragingOutcome(result.grads, metrics=metrics)
+
+
+def leader_of(ours: str, ours_is_owners: bool, others: dict[str, bool]) -> str:
+    """Which learner steps alone when averaging rounds find no group while several learners are
+    present (`others`: peer id -> whether it is the run owner's own learner): the owner's, when it is
+    one of them, else the lowest peer id. Each of them stepping alone would publish the next version
+    number under other weights (samplers would hold one, the others verify against another); the
+    rest take the leader's version instead."""
+    if ours_is_owners:
+        return ours
+    owners = sorted(p for p, is_owners in others.items() if is_owners)
+    return owners[0] if owners else min([ours, *others])
 
 
 class LearnerTeam:
@@ -80,7 +100,7 @@ class LearnerTeam:
         self.joining = False  # set by a learner that must download the run's state before it publishes
         self.group = None
         self.lock = threading.Lock()  # the model and optimizer between steps: state is copied under it
-        self.stats = {"rounds": 0, "alone": 0, "incomplete": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
+        self.stats = {"rounds": 0, "alone": 0, "yielded": 0, "incomplete": 0, "resyncs": 0, "diverged": 0, "largest_group": 1}
         core.update_lock = self.lock
         core.gradient_averager = self
         self.check_own_certificate()  # a revoked learner stops here, before it trains or publishes
@@ -89,13 +109,27 @@ class LearnerTeam:
         """peer id -> membership record of every live learner the run owner authorised (this one too):
         read from the owners' own learner directories (swarm.fabric.hivemind.records), never from the
         open member list, which anyone can flood; certificates expired or revoked are left out."""
+        return {peer: record for peer, (record, _) in self._authorised().items()}
+
+    def _authorised(self) -> dict[str, tuple[object, bool]]:
+        """peer id -> (membership record, whether the run owner's key signed it itself) of `learners`."""
         found = {}
         for member in self.fabric.authorised_learners(self.owners):
             record = member.record
             if member.owner in self.owners or (record.certificate and authorises(
                     record.certificate, self.fabric.run_id, self.owners, member.owner)):
-                found[record.peer_id] = record
+                found[record.peer_id] = (record, member.owner in self.owners)
         return found
+
+    def leader(self) -> str | None:
+        """The other learner present that steps alone in this one's place (leader_of), or None when
+        this one leads or is alone."""
+        ours = self.fabric.peer_id
+        others = {peer: is_owners for peer, (_, is_owners) in self._authorised().items() if peer != ours}
+        if not others:
+            return None
+        leader = leader_of(ours, getattr(self.fabric, "public_key", None) in self.owners, others)
+        return None if leader == ours else leader
 
     def check_own_certificate(self) -> None:
         """Raise CertificateError, naming the key and what to do, when this learner's certificate
@@ -145,10 +179,11 @@ class LearnerTeam:
         result = self.group.average(grads, rows, version, ours, self.averaging_timeout_s,
                                     others_present=lambda: bool(self.others()))
         self.stats["rounds"] += 1
-        outcome = round_outcome(result, version, ours)
-        if len(result.members) == 1:
-            self.stats["incomplete" if result.partial else "alone"] += 1
-            if not result.partial and self.events is not None:
+        alone = len(result.members) == 1
+        outcome = round_outcome(result, version, ours, leader=self.leader() if alone and not result.partial else None)
+        if alone:
+            self.stats["incomplete" if result.partial else "yielded" if outcome.resync else "alone"] += 1
+            if not outcome.resync and self.events is not None:
                 self.events.event("averaging_alone", version=version, reason=result.error)
             return outcome
         self.stats["largest_group"] = max(self.stats["largest_group"], len(result.members))
@@ -179,6 +214,7 @@ class LearnerTeam:
                  beat_s: float = 5.0) -> bool:
         """Downloads the newest authorised learner's state (a version >= `at_least` and newer than, or
         the group's hash at, this learner's own) and loads it; False if none came within `timeout_s`.
+        Only learners whose record shows a version >= `at_least` are asked (a state is large).
         `beat` (every `beat_s`) keeps this learner's record up meanwhile: the others let it in on seeing it."""
         if self.group is None:
             self._start_group()
@@ -190,8 +226,8 @@ class LearnerTeam:
             others = self.others()
             if others:
                 self.group.allow([self.fabric.peer_id, *others])
-                order = sorted(others, key=lambda p: -others[p].version)
-                found = self.group.download_state(order, timeout_s=min(30.0, max(1.0, deadline - time.time())))
+                order = sorted((p for p in others if others[p].version >= at_least), key=lambda p: -others[p].version)
+                found = self.group.download_state(order, timeout_s=min(30.0, max(1.0, deadline - time.time()))) if order else None
                 if found is not None and self._load(*found, at_least=at_least):
                     return True
             time.sleep(1.0)

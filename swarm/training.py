@@ -26,7 +26,12 @@ STALENESS_BINS = (0, 1, 2, 4, 8, 16, 32, 64)  # histogram bucket lower edges, in
 
 class OutOfStep(RuntimeError):
     """Another learner of the run holds a newer or different state: this one must download it
-    before it steps again (nothing was changed)."""
+    before it steps again (nothing was changed). `at_least`: the oldest version worth downloading
+    (0: any as new as this learner's own)."""
+
+    def __init__(self, reason: str, at_least: int = 0) -> None:
+        super().__init__(reason)
+        self.at_least = at_least
 
 
 class NothingToStep(RuntimeError):
@@ -266,7 +271,7 @@ class LearnerCore:
         outcome = self.gradient_averager(grads if finite else [None] * len(params), rows if finite else 0, self.version)
         if outcome.resync:
             self.optimizer.zero_grad(set_to_none=True)
-            raise OutOfStep(outcome.reason)
+            raise OutOfStep(outcome.reason, at_least=outcome.at_least)
         if outcome.grads is not None:
             for p, g in zip(params, outcome.grads):
                 p.grad = g.to(device=p.device, dtype=p.dtype)

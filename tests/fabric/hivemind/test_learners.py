@@ -471,6 +471,11 @@ def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
 
     alone = round_outcome(round_([me], error="no group formed"), 5, me.weights_hash)
     assert alone.grads is None and not alone.resync and alone.metrics["learners"] == 1.0
+    # nobody came, but another learner present leads: it steps alone, and this one takes its next version
+    # rather than publish version 6 under other weights (worth downloading: 6 or newer, not its own 5 again)
+    led = round_outcome(round_([me], error="no group formed"), 5, me.weights_hash, leader="other")
+    assert led.grads is None and led.resync and led.at_least == 6 and "learner other steps alone" in led.reason
+    assert led.metrics["learners"] == 1.0
 
     incomplete = round_outcome(round_([me], partial=True, error="received 91.8% results"), 5, me.weights_hash)
     assert incomplete.grads is None and incomplete.resync and "incomplete (received 91.8% results)" in incomplete.reason
@@ -486,6 +491,18 @@ def test_a_learner_steps_on_the_mean_alone_or_not_at_all_as_its_round_went():
 
     no_rows = round_outcome(round_([me, other], grads=None, error=""), 5, me.weights_hash)
     assert no_rows.grads is None and not no_rows.resync and no_rows.metrics["averaging_error"] == "no rows in the group"
+
+
+def test_one_learner_present_steps_alone_the_owners_else_the_lowest_peer_id():
+    """team.leader_of: the run owner's own learner leads wherever it is present; among certified
+    learners alone, the lowest peer id; the same answer from every learner's side."""
+    from swarm.team import leader_of
+
+    assert leader_of("Qm-c", True, {"Qm-a": False, "Qm-b": False}) == "Qm-c"  # the owner's, whatever its id
+    assert leader_of("Qm-a", False, {"Qm-c": True, "Qm-b": False}) == "Qm-c"
+    assert leader_of("Qm-b", False, {"Qm-c": True, "Qm-a": False}) == "Qm-c"
+    views = {"Qm-b": ("Qm-c", "Qm-a"), "Qm-c": ("Qm-a", "Qm-b"), "Qm-a": ("Qm-b", "Qm-c")}  # no owner among them
+    assert {leader_of(me, False, dict.fromkeys(others, False)) for me, others in views.items()} == {"Qm-a"}
 
 
 @contextlib.contextmanager
