@@ -224,6 +224,8 @@ class LearnerTeam:
                 beat()
                 next_beat = time.time() + beat_s
             others = self.others()
+            if not others and at_least > self.core.version:
+                return False  # the learner whose next version this one waited for has left: it steps on alone
             if others:
                 self.group.allow([self.fabric.peer_id, *others])
                 order = sorted((p for p in others if others[p].version >= at_least), key=lambda p: -others[p].version)
