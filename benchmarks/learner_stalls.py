@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import markdown_table, write_result
-from benchmarks.learners import SWARM, _ready, _spawn
+from benchmarks.learners import certify, peer_ready, spawn_peer
 from swarm.runlog import read_jsonl
 
 LEARNER_ARGS = ["--steps", "100000", "--checkpoint-every", "0", "--max-completion-length", "12", "--groups-per-step", "2",
@@ -37,26 +37,23 @@ def measure(window_s: float, stall_s: float, seed: int, root: Path) -> dict:
     log = (root / "peers.log").open("w")
 
     def spawn(name: str, args: list[str]) -> None:
-        procs[name] = _spawn(args, log, own_session=True)  # a process group of its own, stopped whole
+        procs[name] = spawn_peer(args, log, own_session=True)  # a process group of its own, stopped whole
 
     try:
         spawn("boot", ["bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(root / "boot.key"),
                        "--run-dir", str(root / "boot")])
-        addr = _ready(root / "boot", procs["boot"], root)["addresses"][0]
+        addr = peer_ready(root / "boot", procs["boot"], root)["addresses"][0]
         spawn("owner", ["learner", "--peers", addr, "--run-dir", str(root / "owner"), "--identity-dir", str(root / "owner-id"),
                         *LEARNER_ARGS])
-        owner = _ready(root / "owner", procs["owner"], root)
+        owner = peer_ready(root / "owner", procs["owner"], root)
         for name in ("s1", "s2"):
             spawn(name, ["sampler", "--peers", addr, "--learner-key-file", str(root / "owner" / "learner.key"),
                          "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(root / f"{name}-id"),
                          "--run-dir", str(root / name)])
-        key = subprocess.run([*SWARM, "learner-key", "--identity-dir", str(root / "second-id")], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        cert = subprocess.run([*SWARM, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key", key,
-                               "--run-id", "swarm"], capture_output=True, text=True, check=True).stdout.strip()
+        cert = certify(root / "second-id", owner["owner_key_file"])
         spawn("second", ["learner", "--peers", addr, "--run-dir", str(root / "second"), "--identity-dir",
                          str(root / "second-id"), "--certificate", cert, *LEARNER_ARGS])
-        _ready(root / "second", procs["second"], root)
+        peer_ready(root / "second", procs["second"], root)
         chooser, stalls = random.Random(seed), {"owner": 0, "second": 0}
         end = time.time() + window_s
         while time.time() < end:

@@ -31,7 +31,7 @@ QWEN3_06B_PARAMS = 0.6e9  # Qwen3-0.6B, the swarm's GPU reference model (README)
 LINK_BYTES_PER_S = 1e9 / 8  # 1 Gbit/s
 
 
-def _spawn(args: list[str], log, *, own_session: bool = False) -> subprocess.Popen:
+def spawn_peer(args: list[str], log, *, own_session: bool = False) -> subprocess.Popen:
     return subprocess.Popen([*SWARM, *args], stdout=log, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)),
                             cwd=REPO, start_new_session=own_session)  # this checkout's code, whatever is installed
@@ -45,22 +45,19 @@ def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
     args = ["--steps", "100000", "--groups-per-step", "8", "--checkpoint-every", "0", "--max-completion-length", "12",
             "--verify-fraction", "0", "--averaging-timeout-s", "20"]
     try:
-        procs.append(_spawn(["bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(root / "boot.key"),
+        procs.append(spawn_peer(["bootstrap", "--host", "127.0.0.1", "--port", "0", "--identity", str(root / "boot.key"),
                              "--run-dir", str(root / "boot")], log))
-        addr = _ready(root / "boot", procs[-1], root)["addresses"][0]
-        procs.append(_spawn(["learner", "--peers", addr, "--run-dir", str(root / "l0"), "--identity-dir", str(root / "l0-id"),
+        addr = peer_ready(root / "boot", procs[-1], root)["addresses"][0]
+        procs.append(spawn_peer(["learner", "--peers", addr, "--run-dir", str(root / "l0"), "--identity-dir", str(root / "l0-id"),
                              *args], log))
-        owner = _ready(root / "l0", procs[-1], root)
+        owner = peer_ready(root / "l0", procs[-1], root)
         for i in range(samplers):
-            procs.append(_spawn(["sampler", "--peers", addr, "--learner-key-file", str(root / "l0" / "learner.key"),
+            procs.append(spawn_peer(["sampler", "--peers", addr, "--learner-key-file", str(root / "l0" / "learner.key"),
                                  "--prompts-per-round", "2", "--num-generations", "4", "--identity-dir", str(root / f"s{i}-id"),
                                  "--run-dir", str(root / f"s{i}")], log))
         for i in range(1, learners):
-            key = subprocess.run([*SWARM, "learner-key", "--identity-dir", str(root / f"l{i}-id")], capture_output=True,
-                                 text=True, check=True).stdout.strip()
-            cert = subprocess.run([*SWARM, "authorize", "--owner-key-file", owner["owner_key_file"], "--learner-key", key,
-                                   "--run-id", "swarm"], capture_output=True, text=True, check=True).stdout.strip()
-            procs.append(_spawn(["learner", "--peers", addr, "--run-dir", str(root / f"l{i}"), "--identity-dir",
+            cert = certify(root / f"l{i}-id", owner["owner_key_file"])
+            procs.append(spawn_peer(["learner", "--peers", addr, "--run-dir", str(root / f"l{i}"), "--identity-dir",
                                  str(root / f"l{i}-id"), "--certificate", cert, *args], log))
 
         def rows(i):
@@ -107,7 +104,16 @@ def measure(learners: int, samplers: int, window_s: float, root: Path) -> dict:
         log.close()
 
 
-def _ready(run_dir: Path, proc: subprocess.Popen, root: Path) -> dict:
+def certify(identity_dir: Path, owner_key_file: str) -> str:
+    """A certificate from the run owner for the learner key in `identity_dir` (made there if new),
+    through the CLI as a user would: `swarm learner-key`, then `swarm authorize`."""
+    key = subprocess.run([*SWARM, "learner-key", "--identity-dir", str(identity_dir)], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return subprocess.run([*SWARM, "authorize", "--owner-key-file", owner_key_file, "--learner-key", key,
+                           "--run-id", "swarm"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def peer_ready(run_dir: Path, proc: subprocess.Popen, root: Path) -> dict:
     found = wait_ready(run_dir, timeout_s=240, alive=lambda: proc.poll() is None)
     if found is None:
         raise RuntimeError(f"{run_dir.name} did not start:\n{(root / 'peers.log').read_text()[-3000:]}")

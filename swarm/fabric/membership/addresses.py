@@ -134,8 +134,9 @@ def refused_join(transport: str, peers: Sequence[str], timeout_s: float = 3.0) -
 def check_reachable(transport: str, peers: Sequence[str]) -> None:
     """Raise ConnectionRefusedError, naming the addresses, when every one of `peers` refuses a
     connection. A learner and a sampler check once their input is known good, before they load their
-    model: a wrong port, or a bootstrap node not started yet, then fails at once rather than after the
-    model has loaded (minutes at real scale). What might answer is left to the join."""
+    model, and `swarm status` and `swarm dashboard` before they import torch: a wrong port, or a
+    bootstrap node not started yet, then fails at once rather than after the model has loaded (minutes
+    at real scale). What might answer is left to the join."""
     # (a refusal comes back within a round trip; an address that drops packets is the join's to wait for)
     refused = refused_join(transport, peers, timeout_s=1.0)
     if refused:
