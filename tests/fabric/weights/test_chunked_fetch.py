@@ -19,6 +19,7 @@ from swarm.fabric.weights.takers import REDIRECT_SHARE
 from swarm.fabric.membership.records import Heartbeat, Member
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_chunks import CHUNK, payload, versions
+from tests.helpers.retries import twice_on_a_loaded_machine
 
 
 def learner_with_a_snapshot(make_fabric):
@@ -42,39 +43,44 @@ def test_a_chain_passes_the_payload_along_and_closes_over_a_peer_gone_from_its_m
     """Four sharers make one chain in their sorted order; the second has left. The first takes the
     payload from the learner, the third from the first once the second failed it, the fourth from
     the third, each passing chunks on as they arrive: bit for bit, and one copy from the learner."""
-    learner, store, spec = learner_with_a_snapshot(make_fabric)
-    server = learner.weight_server(store)
-    peers = sorted((make_fabric() for _ in range(4)), key=lambda peer: peer.peer_id)
-    sharers = [peer.peer_id for peer in peers]
-    gone = peers.pop(1)
-    gone.shutdown()
-    stores = [VersionStore() for _ in peers]
-    servers = [peer.weight_server(s) for peer, s in zip(peers, stores)]
-    fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers) for peer, s in zip(peers, stores)]
-    done = []
-    threads = [threading.Thread(target=lambda f=f: done.append(f.run().payload())) for f in fetches]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert done == [store.payload("snapshot", 0)] * 3
-        head, third, fourth = fetches
-        assert all(f.chain for f in fetches) and head.upstream() is None and fourth.upstream() == third.me
-        assert gone.peer_id in third._dead and third.upstream() == head.me  # passed over, after 2 failures
-        # the third's chunks asked of the gone peer came from whole holders: the learner sent them
-        # to the head (or, when the third asked first, sent the head to the third for those)
-        assert head.received[learner.peer_id] > 0.8 * spec.size
-        # (a share unless a CPU stall made the one before look far slower and it was passed over: by design)
-        assert third.received[head.me] > 0.8 * spec.size or head.me in third.passed_over
-        assert fourth.received[third.me] > 0.8 * spec.size or third.me in fourth.passed_over  # the rest: redirects while the third recovered
-        time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
-        assert server.bytes_served < 1.3 * spec.size, f"the learner sent {server.bytes_served / spec.size:.2f} copies"
-    finally:
-        for f in fetches:
-            f.client.close()
-        for s in [server, *servers]:
-            s.close()
+    # (its asserts judge paces: a CPU stall on the shared cores can make the head look too slow to the
+    # third, which then takes its chunks from the learner: by design, and a run of its own then)
+    def scenario():
+        learner, store, spec = learner_with_a_snapshot(make_fabric)
+        server = learner.weight_server(store)
+        peers = sorted((make_fabric() for _ in range(4)), key=lambda peer: peer.peer_id)
+        sharers = [peer.peer_id for peer in peers]
+        gone = peers.pop(1)
+        gone.shutdown()
+        stores = [VersionStore() for _ in peers]
+        servers = [peer.weight_server(s) for peer, s in zip(peers, stores)]
+        fetches = [fetch_by(peer, s.book, spec, [learner.peer_id], sharers) for peer, s in zip(peers, stores)]
+        done = []
+        threads = [threading.Thread(target=lambda f=f: done.append(f.run().payload())) for f in fetches]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert done == [store.payload("snapshot", 0)] * 3
+            head, third, fourth = fetches
+            assert all(f.chain for f in fetches) and head.upstream() is None and fourth.upstream() == third.me
+            assert gone.peer_id in third._dead and third.upstream() == head.me  # passed over, after 2 failures
+            # the third's chunks asked of the gone peer came from whole holders: the learner sent them
+            # to the head (or, when the third asked first, sent the head to the third for those)
+            assert head.received[learner.peer_id] > 0.8 * spec.size
+            # (a share unless a CPU stall made the one before look far slower and it was passed over: by design)
+            assert third.received[head.me] > 0.8 * spec.size or head.me in third.passed_over
+            assert fourth.received[third.me] > 0.8 * spec.size or third.me in fourth.passed_over  # the rest: redirects while the third recovered
+            time.sleep(0.2)  # the learner counts a chunk's bytes once it has sent them
+            assert server.bytes_served < 1.3 * spec.size, f"the learner sent {server.bytes_served / spec.size:.2f} copies"
+        finally:
+            for f in fetches:
+                f.client.close()
+            for s in [server, *servers]:
+                s.close()
+
+    twice_on_a_loaded_machine(scenario)
 
 
 @pytest.mark.parametrize("make_fabric", ["hivemind", "grpc"], indirect=True)

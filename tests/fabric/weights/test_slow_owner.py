@@ -14,7 +14,8 @@ import torch
 from swarm.fabric.weights.owner_pace import OWNER_JUDGED_CHUNKS, OWNER_MEMORY, OWNER_SLOW_RATIO, OwnerPace, PieceTiming
 from swarm.fabric.weights.versions import VersionStore
 from tests.fabric.weights.test_chunked_fetch import fetch_by
-from tests.fabric.weights.test_slow_upstream import throttled, twice_on_a_loaded_machine
+from tests.fabric.weights.test_slow_upstream import throttled
+from tests.helpers.retries import twice_on_a_loaded_machine
 
 # 65 chunks, 13 per stripe, in 4 pieces each: a chunk's pace is timed between its pieces (with two
 # pieces, a peer slowed by the other lane's load read both at once now and then: as fast as loopback)

@@ -14,6 +14,7 @@ from swarm.fabric.weights.upstream_pace import PASSES, PROBE_AFTER_CHUNKS, PROBE
 from swarm.fabric.weights.versions import VersionStore
 from swarm.fabric.weights.upload_slots import UploadSlots
 from tests.fabric.weights.test_chunked_fetch import fetch_by, learner_with_a_snapshot
+from tests.helpers.retries import twice_on_a_loaded_machine
 
 SLOW_BYTES_S = 80_000  # the slow peer's download: its ~265 KB snapshot in about 3.3 s
 CHUNK = 1 << 14  # 17 chunks: its downstream judges its pace over two probes of two chunks each; a probe on
@@ -85,21 +86,6 @@ def chain_of_four(make_fabric, slow_place: int | tuple[int, ...] | None, chunk: 
             f.client.close()
         for s in [server, *servers]:
             s.close()
-
-
-def twice_on_a_loaded_machine(scenario, attempts: int = 2) -> None:
-    """Runs `scenario` (its asserts judge paces on loopback), and again if it fails, `attempts` times
-    in all: these two cores are shared with the suite's other lane, and at its busiest (a full suite
-    run, both lanes training) a healthy peer's pace dropped far enough to look like a slow link. A
-    fault in the code fails every run."""
-    for attempt in range(1, attempts + 1):
-        try:
-            scenario()
-            return
-        except AssertionError as failed:
-            if attempt == attempts:
-                raise
-            print(f"once more, after: {str(failed)[:300]}")
 
 
 # gRPC only: over hivemind on loopback, a probe of the peer that serves the throttled slow one ran at
