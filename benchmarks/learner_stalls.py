@@ -93,7 +93,9 @@ def measure(window_s: float, stall_s: float, seed: int, root: Path) -> dict:
             "stepped_alone": {name: t.get("alone", 0) for name, t in team.items()},
             "yielded": {name: t.get("yielded", 0) for name, t in team.items()},
             "state_downloads": {name: sum(e["event"] == "state_downloaded" for e in events(name)) for name in published},
-            "steps": {name: len(rows) for name, rows in steps.items()}}
+            "steps": {name: len(rows) for name, rows in steps.items()},
+            "groups_trained": {name: rows[-1].get("used_total", 0) if rows else 0 for name, rows in steps.items()},
+            "groups_held_over": {name: rows[-1].get("groups_held_over", 0) if rows else 0 for name, rows in steps.items()}}
 
 
 def run() -> None:
@@ -104,12 +106,14 @@ def run() -> None:
         result = measure(window_s, stall_s, seed, Path(tmp))
     print(f"[learner_stalls] {result}", flush=True)
     rows = [[name, result["stalls"][name], result["steps"][name], result["published"][name], result["stepped_alone"][name],
-             result["yielded"][name], result["state_downloads"][name]] for name in ("owner", "second")]
+             result["yielded"][name], result["state_downloads"][name], result["groups_trained"][name],
+             result["groups_held_over"][name]] for name in ("owner", "second")]
     markdown = (
         f"# Two learners stalled in turn ({window_s:.0f} s, {stall_s:.0f} s stalls every 4-12 s, seed {seed})\n\n"
         f"Versions both published: {result['published_by_both']}; **published under two different hashes: "
         f"{len(result['forks'])}** {result['forks'] or ''}\n\n"
-        + markdown_table(["learner", "stalls", "steps", "versions published", "stepped alone", "yielded", "state downloads"],
+        + markdown_table(["learner", "stalls", "steps", "versions published", "stepped alone", "yielded", "state downloads",
+                          "groups trained on", "groups held over"],
                          rows)
         + "\n`python -m benchmarks learner_stalls` (swarm/team.py: only the owner's learner steps alone while both are "
           "present; the other takes its version)\n")

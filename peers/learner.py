@@ -325,7 +325,8 @@ class Learner(Peer):
         learners = self.team.refresh() if self.team is not None else 1
         share = max(1, math.ceil(config.groups_per_step / learners))
         gather_s = min(config.wait_s, config.averaging_timeout_s / 2) if learners > 1 else config.wait_s
-        batch, deadline = [], time.time() + gather_s
+        # first the groups of a step that did not happen (the learner took another's state instead)
+        batch, deadline = self.intake.take_held(self.core.version, share), time.time() + gather_s
         while len(batch) < share and time.time() < deadline and not self.stopping:
             # groups whose check waited for an old version's rebuild in the background (never here)
             batch += self.intake.resume(self.core.version, limit=share - len(batch))
@@ -364,7 +365,8 @@ class Learner(Peer):
             self.echo(f"warning: {exc}")
             return
         except OutOfStep as exc:  # another learner is ahead or holds other weights: take the run's state
-            self._catch_up_after(exc)
+            self.intake.hold_over(batch)  # and train on this batch at the next step
+            self._catch_up_after(exc, held_over=len(batch))
             return
         totals["used"] += len(batch)
         totals["tokens_per_s"] = metrics["completion_tokens"] / max(metrics["optimizer_seconds"], 1e-6)
@@ -400,7 +402,7 @@ class Learner(Peer):
                         inbox_refused=dict(inbox.stats.reasons), banned=inbox.bans.banned(),
                         skipped_steps=self.totals["skipped_steps"], verified=verifier.checked,
                         verify_seconds=round(verifier.seconds, 4), largest_honest_gap=verifier.largest_honest_gap,
-                        verify_deferred=self.intake.deferrals,
+                        verify_deferred=self.intake.deferrals, groups_held_over=self.intake.held_over,
                         uploads=server.served, uploaded_bytes=server.bytes_served, uploads_refused_busy=server.slots.refused,
                         **({"team": dict(self.team.stats)} if self.team is not None else {}))
 
@@ -419,9 +421,10 @@ class Learner(Peer):
                           f"current version (threshold {threshold:g}): a sampler may not be running the "
                           "weights it claims (a failed weight update), or runs another precision or model")
 
-    def _catch_up_after(self, exc: OutOfStep) -> None:
-        """Another learner is ahead or holds other weights: download the run's state, publish it."""
-        self.events.event("out_of_step", version=self.core.version, reason=str(exc))
+    def _catch_up_after(self, exc: OutOfStep, *, held_over: int = 0) -> None:
+        """Another learner is ahead or holds other weights: download the run's state, publish it
+        (`held_over`: groups of this step's batch kept for the next one)."""
+        self.events.event("out_of_step", version=self.core.version, reason=str(exc), groups_held_over=held_over)
         self.echo(f"out of step with the other learners ({exc}); downloading the run's state")
         if self.team.catch_up(2 * self.config.averaging_timeout_s, at_least=exc.at_least):
             self.publish()

@@ -19,7 +19,10 @@ once its checked groups show it is not an honest sampler (verification.GapEviden
 chosen for checking at an old version that is being rebuilt in the background (VersionStore.state_now)
 is deferred, not trained on unchecked: `resume` checks it once its version is ready (all checks
 again, at the learner's version then), and one that goes past the staleness limit or MAX_DEFERRED
-while waiting is dropped by reason, without blame."""
+while waiting is dropped by reason, without blame.
+Groups accepted into a batch whose step did not happen (the learner took another learner's state
+instead: swarm.training.OutOfStep) are held over for the next step (`hold_over`), not thrown away:
+they passed every check, and the loss takes their one more step of staleness."""
 
 from __future__ import annotations
 
@@ -68,6 +71,8 @@ class GroupIntake:
         self.dropped: Counter = Counter()  # reason -> groups
         self.deferred: list[RolloutGroup] = []  # chosen for checking, waiting for their version's rebuild
         self.deferrals = 0  # groups deferred so, in all
+        self.held: list[RolloutGroup] = []  # accepted into a step that did not happen, for the next one
+        self.held_over = 0  # groups held over so, in all
 
     def accept(self, group: RolloutGroup, learner_version: int, *, verify: bool | None = None) -> bool:
         """True when `group` may be trained on; its rewards are then the learner's own. False too
@@ -113,6 +118,26 @@ class GroupIntake:
         for version in given_up - {group.version for group in waiting}:
             self.verifier.release(version)  # rebuilt for nobody: its room goes to the versions still waited for
         return accepted
+
+    def hold_over(self, groups: Sequence[RolloutGroup]) -> None:
+        """Keep `groups`, accepted into a batch whose step did not happen, for the next step
+        (`take_held`): samplers' work that passed every check is not thrown away."""
+        self.held.extend(groups)
+        self.held_over += len(groups)
+
+    def take_held(self, learner_version: int, limit: int) -> list[RolloutGroup]:
+        """Up to `limit` held-over groups, oldest first (the rest wait on); those too stale or too
+        old by now are dropped by those reasons, as at acceptance (nobody's fault)."""
+        fresh = []
+        for group in self.held:
+            if learner_version - group.version > self.max_staleness:
+                self.dropped["too stale"] += 1
+            elif time.time() - group.created_at > self.max_age_s:
+                self.dropped["too old"] += 1
+            else:
+                fresh.append(group)
+        taken, self.held = fresh[:max(0, limit)], fresh[max(0, limit):]
+        return taken
 
     def _defer(self, group: RolloutGroup) -> None:
         if len(self.deferred) >= MAX_DEFERRED:

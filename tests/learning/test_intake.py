@@ -65,6 +65,25 @@ def test_stale_old_and_unknown_groups_are_dropped_by_reason(intake, tokenizer):
     assert intake.strikes == [("peer-a", "unknown problem")]  # staleness and age are never the sender's fault
 
 
+def test_a_batch_whose_step_did_not_happen_is_held_over_for_the_next_one(intake, tokenizer):
+    """A learner that takes another learner's state instead of stepping (OutOfStep) keeps its batch:
+    the next step takes it first, up to its share, oldest first; what went too stale or too old
+    meanwhile is dropped by reason, without blame."""
+    batch = [group(tokenizer, ["\\boxed{42}", f"\\boxed{{{i}}}"], [1.0, 0.0], version=v) for i, v in enumerate((3, 5, 6))]
+    assert all(intake.accept(g, learner_version=6) for g in batch)
+    intake.hold_over(batch)
+    assert intake.held_over == 3
+    assert intake.take_held(learner_version=7, limit=2) == batch[:2]  # one more step of staleness: all within 4
+    assert intake.take_held(learner_version=7, limit=2) == batch[2:]
+    assert intake.take_held(learner_version=7, limit=2) == []
+    old = group(tokenizer, ["\\boxed{42}", "\\boxed{9}"], [1.0, 0.0], version=6)
+    intake.hold_over([*batch, old])
+    old.created_at = time.time() - 120  # past max_age_s while it waited
+    assert intake.take_held(learner_version=10, limit=8) == batch[2:]  # versions 3 and 5: over 4 steps stale by now
+    assert intake.dropped == {"too stale": 2, "too old": 1} and not intake.strikes
+    assert intake.held == [] and intake.held_over == 7
+
+
 def test_groups_sampled_with_other_settings_are_refused_before_anything_else(intake, tokenizer):
     """A learner steps on one sampling distribution; a claimed temperature of 1e-40 would make the
     recomputed log-probs non-finite (issue: one group poisons the model)."""
