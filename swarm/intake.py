@@ -129,15 +129,22 @@ class GroupIntake:
         """Up to `limit` held-over groups, oldest first (the rest wait on); those too stale or too
         old by now are dropped by those reasons, as at acceptance (nobody's fault)."""
         fresh = []
-        for group in self.held:
-            if learner_version - group.version > self.max_staleness:
-                self.dropped["too stale"] += 1
-            elif time.time() - group.created_at > self.max_age_s:
-                self.dropped["too old"] += 1
+        for group in sorted(self.held, key=lambda g: g.version):  # (stable: arrival order within a version)
+            expired = self._expired(group, learner_version)
+            if expired:
+                self.dropped[expired] += 1
             else:
                 fresh.append(group)
         taken, self.held = fresh[:max(0, limit)], fresh[max(0, limit):]
         return taken
+
+    def _expired(self, group: RolloutGroup, learner_version: int) -> str | None:
+        """Why `group` is past use at `learner_version` ("too stale", "too old"), or None."""
+        if learner_version - group.version > self.max_staleness:
+            return "too stale"
+        if time.time() - group.created_at > self.max_age_s:
+            return "too old"
+        return None
 
     def _defer(self, group: RolloutGroup) -> None:
         if len(self.deferred) >= MAX_DEFERRED:
@@ -154,11 +161,9 @@ class GroupIntake:
             self.dropped["other sampling settings"] += 1
             self.penalise(group.sender, "other sampling settings")
             return False
-        if learner_version - group.version > self.max_staleness:
-            self.dropped["too stale"] += 1
-            return False
-        if time.time() - group.created_at > self.max_age_s:
-            self.dropped["too old"] += 1
+        expired = self._expired(group, learner_version)
+        if expired:
+            self.dropped[expired] += 1
             return False
         gold = self.answers.get(group.problem_id)
         if gold is None:
